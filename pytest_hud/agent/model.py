@@ -1,0 +1,161 @@
+"""The Model seam: what a policy must offer, and how a ``--hud-policy`` spec becomes one.
+
+A model maps one observation (contract feature name → array; images HWC uint8) and the task
+prompt to an action ``[A]`` or an action chunk ``[T, A]`` that the agent executes open-loop::
+
+    class MyPolicy:
+        def predict(self, observation, prompt=None):
+            return np.zeros(2, np.float32)
+        def reset(self):                      # optional, called at each episode start
+            ...
+        def predict_batch(self, observations, prompts):   # optional, for the policy server
+            ...
+
+A policy spec is ``module:factory`` or ``path/to/file.py:factory`` (called with the contract when
+it accepts an argument), a local LeRobot checkpoint directory, or an openpi server ``ws://`` URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..contract import Contract
+
+__all__ = ["Model", "PolicyError", "as_model", "load_policy", "policy_kind", "policy_content_hash"]
+
+
+class PolicyError(ValueError):
+    """A policy spec that cannot be loaded (the message names the spec and the fix)."""
+
+
+@runtime_checkable
+class Model(Protocol):
+    def predict(self, observation: Mapping[str, np.ndarray], prompt: str | None = None) -> Any: ...
+
+
+class _CallableModel:
+    """Wraps ``f(observation)`` or ``f(observation, prompt)`` as a :class:`Model`."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        try:
+            n = len(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            n = 1
+        self._takes_prompt = n >= 2
+
+    def predict(self, observation: Mapping[str, np.ndarray], prompt: str | None = None) -> Any:
+        return self.fn(observation, prompt) if self._takes_prompt else self.fn(observation)
+
+
+def as_model(obj: Any) -> Any:
+    """Accept a :class:`Model`, or a plain callable on observations."""
+    if hasattr(obj, "predict") and callable(obj.predict):
+        return obj
+    if callable(obj):
+        return _CallableModel(obj)
+    raise PolicyError(
+        f"a policy must have predict(observation, prompt) or be callable, got {type(obj).__name__}"
+    )
+
+
+def _is_lerobot_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def policy_kind(spec: str) -> str:
+    """``openpi`` for ws:// URLs, ``lerobot`` for checkpoint directories, else ``factory``."""
+    if spec.startswith(("ws://", "wss://")):
+        return "openpi"
+    if _is_lerobot_dir(Path(spec).expanduser()):
+        return "lerobot"
+    if ":" in spec:
+        return "factory"
+    raise PolicyError(
+        f"policy {spec!r} is neither 'module:factory', 'path/to/file.py:factory', a LeRobot "
+        "checkpoint directory (config.json + model.safetensors) nor a ws:// policy-server URL"
+    )
+
+
+def _factory_file(spec: str) -> Path | None:
+    where = spec.rpartition(":")[0]
+    if where.endswith(".py"):
+        return Path(where).expanduser()
+    try:
+        import importlib.util
+
+        found = importlib.util.find_spec(where)
+    except (ImportError, ValueError):
+        return None
+    return Path(found.origin) if found and found.origin else None
+
+
+def policy_content_hash(spec: str) -> str | None:
+    """A sha256 over the files that define the policy (checkpoint files or the factory's module).
+
+    Provenance for the results file and the identity that resume matches on.
+    """
+    kind = policy_kind(spec) if spec else None
+    h = hashlib.sha256()
+    if kind == "lerobot":
+        root = Path(spec).expanduser()
+        files = sorted(p for p in root.rglob("*") if p.is_file())
+    elif kind == "factory":
+        file = _factory_file(spec)
+        if file is None or not file.is_file():
+            return None
+        files = [file]
+        # checkpoints the factory loads live next to it, by convention in checkpoints/
+        ckpt = file.parent / "checkpoints"
+        if ckpt.is_dir():
+            files += sorted(p for p in ckpt.rglob("*") if p.is_file())
+    else:
+        return None
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
+    """Build the model a ``--hud-policy`` spec names, for a bridge with ``contract``."""
+    kind = policy_kind(spec)
+    if kind == "openpi":
+        from .remote import RemotePolicy
+
+        return RemotePolicy(spec, **{k: v for k, v in options.items() if k in ("timeout",)})
+    if kind == "lerobot":
+        try:
+            from .lerobot import LeRobotPolicy
+        except ImportError as exc:
+            raise PolicyError(
+                f"policy {spec!r} is a LeRobot checkpoint but LeRobot is not importable ({exc}); "
+                "install it with: pip install 'pytest-hud[lerobot]'"
+            ) from None
+        shapes = {k: (tuple(f.shape), f.type) for k, f in contract.observation_features.items()}
+        return LeRobotPolicy.from_checkpoint(
+            spec, shapes, device=options.get("device", "cpu"), n_action_steps=options.get("n_action_steps")
+        )
+    from ..sim.target import TargetError, resolve_factory
+
+    try:
+        factory = resolve_factory(spec)
+    except (TargetError, ImportError) as exc:
+        raise PolicyError(f"cannot load policy {spec!r}: {exc}") from None
+    if factory is None or not callable(factory):
+        raise PolicyError(f"policy {spec!r} does not name a callable factory")
+    try:
+        takes_arg = bool(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        takes_arg = False
+    model = factory(contract) if takes_arg else factory()
+    return as_model(model)
+

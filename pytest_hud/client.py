@@ -1,0 +1,330 @@
+"""Worker side of a bridge: the control client and the slot WebSocket clients (sync and asyncio).
+
+Only numpy, msgpack and websockets are needed here: workers stay thin.
+
+    >>> bridge = BridgeAddress.from_announce("/tmp/bridge.json")
+    >>> control = ControlClient(bridge)
+    >>> claim = control.reset(seed=3)
+    >>> with SlotClient(bridge, claim.token) as slot:
+    ...     obs = slot.first_observation
+    ...     obs = slot.step(np.zeros(1, np.float32))
+    >>> control.result(claim.token)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from .contract import Contract
+from .rpc import AsyncRpcClient, RpcClient, RpcError
+from .wire import MAX_FRAME_BYTES, WireError, packb, unpackb
+
+__all__ = [
+    "BridgeAddress",
+    "BridgeError",
+    "Claim",
+    "ControlClient",
+    "AsyncControlClient",
+    "SlotClient",
+    "AsyncSlotClient",
+]
+
+
+class BridgeError(RuntimeError):
+    """The bridge refused something, failed the slot, or went away. The message says which."""
+
+
+@dataclass(frozen=True)
+class BridgeAddress:
+    """Where a bridge listens, and the secret its control channel wants."""
+
+    control: int
+    ws: int
+    secret: str
+    host: str = "127.0.0.1"
+    pid: int | None = None
+    width: int | None = None
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.host}:{self.ws}"
+
+    @classmethod
+    def from_announce(cls, path: str | os.PathLike[str]) -> BridgeAddress:
+        """Read a bridge's announce file (``{"control", "ws", "pid", "width", "secret"}``)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise BridgeError(f"announce file {str(path)!r} does not exist; is the bridge running?") from None
+        except ValueError as exc:
+            raise BridgeError(f"announce file {str(path)!r} is not JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BridgeAddress:
+        try:
+            return cls(
+                control=int(data["control"]),
+                ws=int(data["ws"]),
+                secret=str(data["secret"]),
+                host=str(data.get("host", "127.0.0.1")),
+                pid=data.get("pid"),
+                width=data.get("width"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BridgeError(f"announce data lacks {exc}; expected control, ws and secret") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"control": self.control, "ws": self.ws, "secret": self.secret, "host": self.host,
+                "pid": self.pid, "width": self.width}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claimed slot: its token (for the WebSocket claim frame), index and prompt."""
+
+    token: str
+    slot: int
+    prompt: str | None = None
+
+
+def _as_bridge_error(exc: RpcError) -> BridgeError:
+    return BridgeError(exc.message)
+
+
+class ControlClient:
+    """Blocking control-channel client. Claims made here are released if this client closes."""
+
+    def __init__(self, address: BridgeAddress, timeout: float = 30.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        try:
+            self._rpc = RpcClient(address.host, address.control, address.secret, timeout, "bridge")
+        except RpcError as exc:
+            raise _as_bridge_error(exc) from None
+        self.info = self._rpc.hello_info
+
+    def _call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
+        try:
+            return self._rpc.call(method, timeout=timeout, **params)
+        except RpcError as exc:
+            raise _as_bridge_error(exc) from None
+
+    def contract(self) -> Contract:
+        return Contract.from_dict(self._call("contract"))
+
+    def reset(self, wait: float = 660.0, **task: Any) -> Claim:
+        """Claim a slot for an episode (``seed``, ``options``, ``prompt``, ``build``, ...)."""
+        reply = self._call("reset", timeout=wait, **task)
+        return Claim(reply["token"], int(reply["slot"]), reply.get("prompt"))
+
+    def result(self, token: str) -> dict[str, Any]:
+        """Grade the episode and free its slot."""
+        return self._call("result", token=token)
+
+    def release(self, token: str) -> None:
+        """Abandon the episode without grading and free its slot."""
+        self._call("release", token=token)
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+    def close(self) -> None:
+        self._rpc.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncControlClient:
+    """asyncio control-channel client (same calls as :class:`ControlClient`)."""
+
+    def __init__(self, rpc: AsyncRpcClient, address: BridgeAddress) -> None:
+        self._rpc = rpc
+        self.address = address
+        self.info = rpc.hello_info
+
+    @classmethod
+    async def connect(cls, address: BridgeAddress, timeout: float = 30.0) -> AsyncControlClient:
+        try:
+            rpc = await AsyncRpcClient.connect(address.host, address.control, address.secret, timeout, "bridge")
+        except RpcError as exc:
+            raise _as_bridge_error(exc) from None
+        return cls(rpc, address)
+
+    async def _call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
+        try:
+            return await self._rpc.call(method, timeout=timeout, **params)
+        except RpcError as exc:
+            raise _as_bridge_error(exc) from None
+
+    async def contract(self) -> Contract:
+        return Contract.from_dict(await self._call("contract"))
+
+    async def reset(self, wait: float = 660.0, **task: Any) -> Claim:
+        reply = await self._call("reset", timeout=wait, **task)
+        return Claim(reply["token"], int(reply["slot"]), reply.get("prompt"))
+
+    async def result(self, token: str) -> dict[str, Any]:
+        return await self._call("result", token=token)
+
+    async def release(self, token: str) -> None:
+        await self._call("release", token=token)
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._call("stats")
+
+    async def close(self) -> None:
+        await self._rpc.close()
+
+
+def _decode_frame(raw: Any, what: str) -> dict[str, Any]:
+    if isinstance(raw, str):
+        raise BridgeError(raw)  # the bridge's readable error
+    try:
+        frame = unpackb(raw)
+    except WireError as exc:
+        raise BridgeError(f"bridge sent an undecodable {what}: {exc}") from None
+    if not isinstance(frame, dict):
+        raise BridgeError(f"bridge sent a {type(frame).__name__} as {what}, expected a map")
+    return frame
+
+
+def _closed(exc: ConnectionClosed) -> BridgeError:
+    rcvd = exc.rcvd
+    detail = f" (code {rcvd.code}: {rcvd.reason})" if rcvd is not None and rcvd.reason else ""
+    return BridgeError(f"bridge closed the slot connection without an error frame{detail}")
+
+
+def _action_frame(action: Any) -> bytes:
+    return packb({"actions": np.asarray(action)})
+
+
+class SlotClient:
+    """Blocking WebSocket client for one claimed slot.
+
+    ``recv_timeout`` bounds every wait for an observation (peers may hold a tick while their model
+    warms up, so it defaults to the bridge's first-action timeout plus a margin).
+    """
+
+    def __init__(self, address: BridgeAddress | str, token: str | None, *,
+                 connect_timeout: float = 30.0, recv_timeout: float = 360.0) -> None:
+        from websockets.sync.client import connect
+
+        url = address.ws_url if isinstance(address, BridgeAddress) else address
+        self.recv_timeout = recv_timeout
+        try:
+            # __enter__ opens the connection on websockets >= 17.1 and returns it on older ones
+            self._ws = connect(url, compression=None, max_size=MAX_FRAME_BYTES,
+                               open_timeout=connect_timeout, close_timeout=2).__enter__()
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+            raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
+        try:
+            self.metadata = _decode_frame(self._recv(connect_timeout), "metadata")
+            self._ws.send(packb({"claim": token}))
+            self.first_observation = _decode_frame(self._recv(connect_timeout), "first observation")
+        except BaseException:
+            self.close()
+            raise
+
+    def _recv(self, timeout: float) -> Any:
+        try:
+            return self._ws.recv(timeout=timeout)
+        except TimeoutError:
+            raise BridgeError(f"bridge sent nothing for {timeout:g} s") from None
+        except ConnectionClosed as exc:
+            raise _closed(exc) from None
+
+    def step(self, action: Any) -> dict[str, Any]:
+        """Send one action (``[A]``), return the next observation frame."""
+        try:
+            self._ws.send(_action_frame(action))
+        except ConnectionClosed as exc:
+            # the bridge may have failed the slot just before: its error frame is still buffered
+            try:
+                late = self._ws.recv(timeout=0)
+            except Exception:  # noqa: BLE001
+                raise _closed(exc) from None
+            raise BridgeError(late if isinstance(late, str) else str(_closed(exc))) from None
+        return _decode_frame(self._recv(self.recv_timeout), "observation")
+
+    def close(self) -> None:
+        try:
+            self._ws.close()
+        except Exception:  # noqa: BLE001 - closing a dead socket is fine
+            pass
+
+    def __enter__(self) -> SlotClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncSlotClient:
+    """asyncio WebSocket client for one claimed slot (same frames as :class:`SlotClient`)."""
+
+    def __init__(self, ws: Any, recv_timeout: float) -> None:
+        self._ws = ws
+        self.recv_timeout = recv_timeout
+        self.metadata: dict[str, Any] = {}
+        self.first_observation: dict[str, Any] = {}
+
+    @classmethod
+    async def connect(cls, address: BridgeAddress | str, token: str | None, *,
+                      connect_timeout: float = 30.0, recv_timeout: float = 360.0) -> AsyncSlotClient:
+        from websockets.asyncio.client import connect
+
+        url = address.ws_url if isinstance(address, BridgeAddress) else address
+        try:
+            ws = await connect(url, compression=None, max_size=MAX_FRAME_BYTES,
+                               open_timeout=connect_timeout, close_timeout=2, ping_interval=None)
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+            raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
+        self = cls(ws, recv_timeout)
+        try:
+            self.metadata = _decode_frame(await self._recv(connect_timeout), "metadata")
+            await ws.send(packb({"claim": token}))
+            self.first_observation = _decode_frame(await self._recv(connect_timeout), "first observation")
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def _recv(self, timeout: float) -> Any:
+        import asyncio
+
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._ws.recv()
+        except TimeoutError:
+            raise BridgeError(f"bridge sent nothing for {timeout:g} s") from None
+        except ConnectionClosed as exc:
+            raise _closed(exc) from None
+
+    async def step(self, action: Any) -> dict[str, Any]:
+        try:
+            await self._ws.send(_action_frame(action))
+        except ConnectionClosed as exc:
+            try:
+                late = await self._recv(0.001)
+            except BridgeError as late_exc:
+                raise late_exc from None
+            raise BridgeError(late if isinstance(late, str) else str(_closed(exc))) from None
+        return _decode_frame(await self._recv(self.recv_timeout), "observation")
+
+    async def close(self) -> None:
+        try:
+            await self._ws.close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,276 @@
+"""Fixtures: ``shared_sim`` and ``robot_agent``, and the worker-side session behind them.
+
+Each worker (or the single process under ``-n 0``) holds one :class:`HudSession`: its link to the
+controller's pool, one :class:`SharedSim` per (sim target, build args) and one model per policy
+spec, all reused for every episode the worker runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from .agent.loop import Agent
+from .agent.model import PolicyError, load_policy
+from .client import BridgeAddress, BridgeError, ControlClient
+from .contract import Contract
+from .episode import Episode, EpisodeError, EpisodeResult
+from .rpc import RpcClient, RpcError
+
+__all__ = ["HudSession", "SharedSim", "RobotAgent", "shared_sim", "robot_agent", "hud_settings"]
+
+EPISODES_KEY = pytest.StashKey[list]()
+
+
+class HudSession:
+    """A worker's view of the run: pool connection, bridges, policies and settings."""
+
+    def __init__(self, pool_host: str, pool_port: int, secret: str, worker: int, settings: Mapping[str, Any]):
+        self.pool_host, self.pool_port, self.secret = pool_host, pool_port, secret
+        self.worker = worker
+        self.settings = dict(settings)
+        self._pool: RpcClient | None = None
+        self._lock = threading.Lock()
+        self.sims: dict[tuple[str, str], SharedSim] = {}
+        self.agents: dict[tuple[str, str], Agent] = {}
+        self.current_item: pytest.Item | None = None
+
+    @property
+    def pool(self) -> RpcClient:
+        if self._pool is None:
+            self._pool = RpcClient(self.pool_host, self.pool_port, self.secret,
+                                   timeout=float(self.settings.get("boot_timeout", 120)) + 30, what="pytest-hud pool")
+        return self._pool
+
+    def pool_call(self, method: str, **params: Any) -> Any:
+        with self._lock:
+            try:
+                return self.pool.call(method, **params)
+            except RpcError as exc:
+                if exc.code is None:  # connection trouble: one fresh connection, one retry
+                    self._pool = None
+                    return self.pool.call(method, **params)
+                raise
+
+    def sim(self, target: str | None, build: Mapping[str, Any] | None = None) -> SharedSim:
+        if not target:
+            raise pytest.UsageError(
+                "no sim: pass --hud-sim TARGET (a gymnasium id, 'module:factory' or "
+                "'path.py:factory'), set hud_sim in the ini file, or mark the test "
+                "@pytest.mark.hud(sim=...)"
+            )
+        key = (target, json.dumps(dict(build or {}), sort_keys=True))
+        sim = self.sims.get(key)
+        if sim is None:
+            sim = self.sims[key] = SharedSim(self, target, dict(build or {}))
+        return sim
+
+    def agent(self, policy: str, contract: Contract) -> Agent:
+        key = (policy, json.dumps(contract.to_dict(), sort_keys=True))
+        agent = self.agents.get(key)
+        if agent is None:
+            try:
+                model = load_policy(policy, contract, n_action_steps=self.settings.get("n_action_steps"))
+            except PolicyError as exc:
+                raise EpisodeError(str(exc)) from None
+            agent = Agent(
+                model,
+                n_action_steps=self.settings.get("n_action_steps"),
+                recv_timeout=float(self.settings.get("first_action_timeout", 300))
+                + float(self.settings.get("step_timeout", 30)) + 30,
+            )
+            self.agents[key] = agent
+        return agent
+
+    def record(self, episode: Episode) -> None:
+        item = self.current_item
+        if item is not None:
+            item.stash.setdefault(EPISODES_KEY, []).append(episode)
+
+    def close(self) -> None:
+        for sim in self.sims.values():
+            sim.close()
+        for agent in self.agents.values():
+            close = getattr(agent.model, "close", None)
+            if callable(close):
+                close()
+        if self._pool is not None:
+            self._pool.close()
+
+
+class SharedSim:
+    """This worker's handle on a shared bridge: ``.contract``, ``.episode(**task)``, ``.stats()``.
+
+    Claims made here belong to this worker's control connection: if the worker dies, the bridge
+    frees them.
+    """
+
+    def __init__(self, session: HudSession, target: str, build: dict[str, Any]):
+        self.session = session
+        self.target = target
+        self.build = build
+        self.address: BridgeAddress | None = None
+        self._control: ControlClient | None = None
+        self._contract: Contract | None = None
+        self._connect()
+
+    def _connect(self, replace_pid: int | None = None) -> None:
+        try:
+            reply = self.session.pool_call("bridge", target=self.target, build=self.build,
+                                           worker=self.session.worker, replace_pid=replace_pid)
+        except RpcError as exc:
+            raise EpisodeError(f"no bridge for sim {self.target!r}: {exc.message}") from None
+        self.address = BridgeAddress.from_dict(reply)
+        if self._control is not None:
+            self._control.close()
+        self._control = ControlClient(self.address, timeout=30.0)
+        self._contract = self._control.contract()
+
+    @property
+    def control(self) -> ControlClient:
+        assert self._control is not None
+        return self._control
+
+    @property
+    def contract(self) -> Contract:
+        """The bridge's contract: observation features and the action."""
+        assert self._contract is not None
+        return self._contract
+
+    def episode(self, seed: int | None = None, **task: Any) -> Episode:
+        """An episode of this sim with ``seed`` (and ``options``, ``prompt``, ...).
+
+        Claims a slot on enter (``with``), grades and frees it on exit even on failure; or pass it
+        straight to ``robot_agent.run()``, which does the same.
+        """
+        if self.build:
+            task.setdefault("build", self.build)
+        return _PluginEpisode(self, seed=seed, **task)
+
+    def stats(self) -> dict[str, Any]:
+        return self.control.stats()
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+
+
+class _PluginEpisode(Episode):
+    """An :class:`Episode` that recovers from a replaced bridge and reports itself to the test."""
+
+    def __init__(self, sim: SharedSim, **task: Any) -> None:
+        self._sim = sim
+        super().__init__(sim.control, sim.contract, on_finish=sim.session.record, **task)
+
+    def claim(self) -> Episode:
+        try:
+            return super().claim()
+        except BridgeError as exc:
+            # The bridge died or is broken: ask the pool for a replacement once, then retry.
+            self._sim._connect(replace_pid=self._sim.address.pid if self._sim.address else None)
+            self.control, self.address, self.contract = self._sim.control, self._sim.address, self._sim.contract
+            try:
+                return super().claim()
+            except BridgeError as exc2:
+                raise EpisodeError(f"cannot claim a slot: {exc2} (first attempt: {exc})") from None
+
+    async def __aenter__(self) -> Episode:
+        return await asyncio.to_thread(self.claim)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.to_thread(self.__exit__, *exc)
+
+
+class RobotAgent:
+    """The policy harness for one test: ``run(episode)`` / ``await arun(episode)``.
+
+    The model is loaded once per worker and policy spec; this object carries the test's settings
+    (``max_steps`` from ``--hud-max-steps`` or the ``hud`` marker).
+    """
+
+    def __init__(self, session: HudSession, policy: str | None, max_steps: int | None):
+        self.session = session
+        self.policy = policy
+        self.max_steps = max_steps
+
+    def agent_for(self, episode: Episode) -> Agent:
+        if not self.policy:
+            raise EpisodeError(
+                "no policy: pass --hud-policy (module:factory, a LeRobot checkpoint directory or a "
+                "ws:// policy server), set hud_policy in the ini file, or mark the test "
+                "@pytest.mark.hud(policy=...)"
+            )
+        return self.session.agent(self.policy, episode.contract)
+
+    def run(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
+        """Run ``episode`` to its end (claiming it first if needed) and return its result."""
+        if episode.token is None and episode.grade_data is None:
+            with episode:
+                return self.run(episode, max_steps)
+        agent = self.agent_for(episode)
+        return agent.run(episode, max_steps if max_steps is not None else self.max_steps)
+
+    async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
+        """asyncio version of :meth:`run`."""
+        if episode.token is None and episode.grade_data is None:
+            async with episode:  # type: ignore[attr-defined]
+                return await self.arun(episode, max_steps)
+        agent = await asyncio.to_thread(self.agent_for, episode)
+        return await agent.arun(episode, max_steps if max_steps is not None else self.max_steps)
+
+    @property
+    def model(self) -> Any:
+        """The loaded model of the last contract used (None before the first episode)."""
+        for (policy, _), agent in self.session.agents.items():
+            if policy == self.policy:
+                return agent.model
+        return None
+
+
+def hud_settings(item: pytest.Item) -> dict[str, Any]:
+    """The ``hud`` marker's keyword arguments for ``item``, closest marker winning."""
+    merged: dict[str, Any] = {}
+    for mark in reversed(list(item.iter_markers("hud"))):
+        merged.update(mark.kwargs)
+    return merged
+
+
+def _session(request: pytest.FixtureRequest) -> HudSession:
+    from .plugin import worker_session
+
+    session = worker_session(request.config)
+    if session is None:
+        raise pytest.UsageError("pytest-hud is not active in this process (was it disabled with -p no:hud?)")
+    return session
+
+
+@pytest.fixture
+def shared_sim(request: pytest.FixtureRequest) -> SharedSim:
+    """This worker's handle on the shared simulator bridge for the test's sim.
+
+    The sim comes from ``@pytest.mark.hud(sim=..., build={...})``, ``--hud-sim`` or the
+    ``hud_sim`` ini key. ``shared_sim.episode(seed=s)`` claims a slot for one episode;
+    ``shared_sim.contract`` describes observations and actions.
+    """
+    session = _session(request)
+    marks = hud_settings(request.node)
+    return session.sim(marks.get("sim") or session.settings.get("sim"), marks.get("build"))
+
+
+@pytest.fixture
+def robot_agent(request: pytest.FixtureRequest) -> RobotAgent:
+    """The policy harness: ``robot_agent.run(shared_sim.episode(seed=s))`` returns the result.
+
+    The policy comes from ``@pytest.mark.hud(policy=...)``, ``--hud-policy`` or ``hud_policy``;
+    ``max_steps`` from the marker or ``--hud-max-steps``. The model loads once per worker.
+    """
+    session = _session(request)
+    marks = hud_settings(request.node)
+    max_steps = marks.get("max_steps", session.settings.get("max_steps"))
+    return RobotAgent(session, marks.get("policy") or session.settings.get("policy"),
+                      int(max_steps) if max_steps else None)

@@ -1,0 +1,486 @@
+"""pytest-hud: every episode a test, one shared vectorized sim, success rates that CI can act on.
+
+Roles (DESIGN §3):
+
+- the **controller** (the xdist controller, or the only process under ``-n 0``) owns the sim pool
+  and the results: :class:`HudController`, created in ``pytest_configure`` and stopped in
+  ``pytest_unconfigure``;
+- each **worker** (or the same process under ``-n 0``) runs episodes through a
+  :class:`~pytest_hud.fixtures.HudSession` that asks the controller's pool for bridges.
+
+Episodes reach the controller as ordinary test reports carrying a ``hud_episode`` dict of builtin
+types; a crash, timeout or sim error is reported as an *error*, never as a failed episode.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import __version__
+from .fixtures import EPISODES_KEY, HudSession, robot_agent, shared_sim  # noqa: F401
+from .results import EpisodeRecord, ResultsWriter, aggregate, to_builtin
+
+__all__ = ["HudController", "worker_session"]
+
+CONTROLLER_KEY = pytest.StashKey["HudController"]()
+SESSION_KEY = pytest.StashKey[HudSession]()
+EPISODE_FIXTURES = frozenset({"shared_sim", "robot_agent"})
+
+# name: (type, default, help)
+OPTIONS: dict[str, tuple[type, Any, str]] = {
+    "width": (int, None, "Slots per bridge (default: the number of xdist workers, 1 without xdist)"),
+    "sim": (str, None, "Default sim target: a gymnasium id, 'module:factory' or 'path.py:factory'"),
+    "policy": (str, None, "Policy: 'module:factory', a LeRobot checkpoint directory or a ws:// URL"),
+    "results": (str, None, "Write the results file (JSON Lines, pytest-hud/results/1) here"),
+    "sim_url": (str, None, "Attach to a bridge someone else started: the path of its announce file"),
+    "boot_timeout": (float, 120.0, "Seconds a bridge may take to start"),
+    "first_action_timeout": (float, 300.0, "Seconds for an episode's first action (model warm-up)"),
+    "step_timeout": (float, 30.0, "Seconds for each later action"),
+    "max_steps": (int, None, "Stop and grade an episode after this many steps"),
+    "n_action_steps": (int, None, "Actions executed from each predicted chunk before re-planning"),
+    "vectorization": (str, "sync", "How bridges vectorize single envs: sync or async"),
+}
+
+
+# ---------------------------------------------------------------- options
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hud", "pytest-hud robot-policy evaluation")
+    for name, (typ, default, help_) in OPTIONS.items():
+        flag = "--hud-" + name.replace("_", "-")
+        group.addoption(flag, dest=f"hud_{name}", default=None, type=typ if typ is not bool else None,
+                        help=f"{help_}. Ini: hud_{name}" + (f" (default {default})" if default is not None else ""))
+        parser.addini(f"hud_{name}", help_, default=None)
+
+
+def get_option(config: pytest.Config, name: str) -> Any:
+    """Command line, else ini, else the default; ini strings are converted to the option's type."""
+    typ, default, _ = OPTIONS[name]
+    value = config.getoption(f"hud_{name}", None)
+    if value is None:
+        value = config.getini(f"hud_{name}")
+        if value in (None, "", []):
+            return default
+        try:
+            value = typ(value)
+        except ValueError:
+            raise pytest.UsageError(f"ini key hud_{name} = {value!r} is not a valid {typ.__name__}") from None
+    return value
+
+
+def _settings(config: pytest.Config) -> dict[str, Any]:
+    return {name: get_option(config, name) for name in OPTIONS}
+
+
+def _num_workers(config: pytest.Config) -> int:
+    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "dist", "no") != "no":
+        return max(1, len(getattr(config.option, "tx", None) or []) or int(config.option.numprocesses or 1))
+    return 1
+
+
+def _validate(config: pytest.Config, settings: dict[str, Any]) -> None:
+    from .sim.target import TargetError, describe_target
+
+    if settings["width"] is not None and settings["width"] < 1:
+        raise pytest.UsageError(f"--hud-width must be at least 1, got {settings['width']}")
+    for key in ("boot_timeout", "first_action_timeout", "step_timeout"):
+        if settings[key] is not None and settings[key] <= 0:
+            raise pytest.UsageError(f"--hud-{key.replace('_', '-')} must be positive, got {settings[key]}")
+    if settings["max_steps"] is not None and settings["max_steps"] < 1:
+        raise pytest.UsageError(f"--hud-max-steps must be at least 1, got {settings['max_steps']}")
+    if settings["vectorization"] not in ("sync", "async"):
+        raise pytest.UsageError(f"--hud-vectorization must be sync or async, got {settings['vectorization']!r}")
+    if settings["sim"]:
+        try:
+            describe_target(settings["sim"])
+        except (TargetError, ImportError) as exc:
+            raise pytest.UsageError(f"--hud-sim: {exc}") from None
+    if settings["policy"]:
+        from .agent.model import PolicyError, policy_kind
+
+        try:
+            policy_kind(settings["policy"])
+        except PolicyError as exc:
+            raise pytest.UsageError(f"--hud-policy: {exc}") from None
+    if settings["sim_url"] and not Path(settings["sim_url"]).is_file():
+        raise pytest.UsageError(
+            f"--hud-sim-url {settings['sim_url']!r}: no such announce file; start a bridge with "
+            "`python -m pytest_hud.sim TARGET --width N --announce PATH` and pass that PATH"
+        )
+
+
+# ------------------------------------------------------------- lifecycle
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "hud(sim=None, policy=None, max_steps=None, build=None, min_success=None): "
+        "per-test pytest-hud settings (closest marker wins)",
+    )
+    if hasattr(config, "workerinput"):
+        hud = config.workerinput.get("hud")
+        if hud:
+            worker = int(str(config.workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
+            config.stash[SESSION_KEY] = HudSession(hud["pool_host"], hud["pool_port"], hud["secret"],
+                                                   worker, hud["settings"])
+        return
+    settings = _settings(config)
+    _validate(config, settings)
+    controller = HudController(config, settings)
+    config.stash[CONTROLLER_KEY] = controller
+    config.pluginmanager.register(controller, "hud-controller")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistHooks(controller), "hud-xdist")
+    if not _distributed(config):
+        config.stash[SESSION_KEY] = HudSession(controller.service_host, controller.service.port,
+                                               controller.secret, 0, controller.worker_settings())
+
+
+def _distributed(config: pytest.Config) -> bool:
+    return config.pluginmanager.hasplugin("xdist") and getattr(config.option, "dist", "no") != "no"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.close()
+        del config.stash[SESSION_KEY]
+    controller = config.stash.get(CONTROLLER_KEY, None)
+    if controller is not None:
+        controller.stop()
+        config.pluginmanager.unregister(controller)
+        del config.stash[CONTROLLER_KEY]
+
+
+def worker_session(config: pytest.Config) -> HudSession | None:
+    """The :class:`HudSession` of this process (None on an xdist controller)."""
+    return config.stash.get(SESSION_KEY, None)
+
+
+# ---------------------------------------------------------- worker side
+def is_episode_item(item: pytest.Item) -> bool:
+    return bool(EPISODE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def episode_identity(item: pytest.Item) -> dict[str, Any]:
+    """Task (test function + non-episode parameters), episode id and seed of a test item."""
+    callspec = getattr(item, "callspec", None)
+    params = dict(callspec.params) if callspec is not None else {}
+    key = "episode" if "episode" in params else "seed" if "seed" in params else None
+    base = item.nodeid.split("[", 1)[0]
+    others = {k: v for k, v in params.items() if k != key}
+    task = base + (f"[{','.join(f'{k}={_short(v)}' for k, v in sorted(others.items()))}]" if others else "")
+    if key is not None:
+        episode = str(params[key])
+    else:
+        episode = callspec.id if callspec is not None else "0"
+    seed = params.get("seed")
+    seed = int(seed) if isinstance(seed, int) or (hasattr(seed, "__index__") and not isinstance(seed, bool)) else None
+    return {"task": task, "episode": episode, "seed": seed, "nodeid": item.nodeid}
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    hud = worker_session(config)
+    if hud is None:
+        return
+    declared = [episode_identity(item) for item in items if is_episode_item(item)]
+    if declared:
+        hud.pool_call("declare", episodes=declared, worker=hud.worker)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    hud = worker_session(item.config)
+    if hud is not None:
+        hud.current_item = item
+    try:
+        return (yield)
+    finally:
+        if hud is not None:
+            hud.current_item = None
+
+
+def _is_failure(excinfo: Any) -> bool:
+    """An assertion (or ``pytest.fail``) is a failed episode; anything else is an error."""
+    return excinfo.errisinstance((AssertionError, pytest.fail.Exception))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    # Users may record numpy scalars: make every property crossable by the xdist channel.
+    report.user_properties = [(str(k), to_builtin(v)) for k, v in report.user_properties]
+    hud = worker_session(item.config)
+    if hud is None or not is_episode_item(item):
+        return report
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        record = _episode_record(item, call, report, hud)
+        report.hud_episode = record
+        props = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
+                 "duration_s", "slot")
+        props = [(k, record[k]) for k in props if record.get(k) is not None]
+        report.user_properties.extend(props)
+        item.user_properties.extend(props)  # JUnit XML reads properties from the teardown report
+        if record["outcome"] == "error" and report.when == "call":
+            # Make pytest (terminal, JUnit, exit status) count it as an error, not a failure.
+            report.when = "setup"
+    return report
+
+
+def _episode_record(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport,
+                    hud: HudSession) -> dict[str, Any]:
+    ident = episode_identity(item)
+    episodes = item.stash.get(EPISODES_KEY, [])
+    result = next((ep.result for ep in reversed(episodes) if ep.result is not None), None)
+    grade = next((ep.grade_data for ep in reversed(episodes) if ep.grade_data is not None), None)
+    if report.skipped:
+        outcome = "skipped"
+    elif report.passed:
+        outcome = "passed"
+    elif call.excinfo is not None and report.when == "call" and _is_failure(call.excinfo):
+        outcome = "failed"
+    else:
+        outcome = "error"
+    error = None
+    if outcome == "error" and call.excinfo is not None:
+        error = f"{call.excinfo.typename}: {call.excinfo.value}"[:2000]
+    record: dict[str, Any] = {
+        **ident,
+        "outcome": outcome,
+        "success": {"passed": True, "failed": False}.get(outcome),
+        "worker": f"gw{hud.worker}" if hasattr(item.config, "workerinput") else "main",
+        "duration_s": float(report.duration),
+        "error": error,
+    }
+    if result is not None:
+        record.update(
+            score=result.score, total_reward=result.total_reward, steps=result.steps,
+            duration_s=result.duration_s, slot=result.slot, artefacts=dict(result.artefacts),
+            extra={"env_success": result.success, "success_at_reset": result.success_at_reset,
+                   "inference_s": result.inference_s, "terminated": result.terminated,
+                   "truncated": result.truncated},
+        )
+        if ident["seed"] is None and result.seed is not None:
+            record["seed"] = result.seed
+    elif grade is not None:
+        record.update(score=grade.get("score"), total_reward=grade.get("total_reward"),
+                      steps=grade.get("steps"), slot=grade.get("slot"),
+                      extra={"env_success": grade.get("success")})
+    return to_builtin(record)
+
+
+# ------------------------------------------------------------ controller
+class HudController:
+    """Controller-side state: the pool, declared episodes, records, the results file."""
+
+    def __init__(self, config: pytest.Config, settings: dict[str, Any]) -> None:
+        from .client import BridgeAddress
+        from .pool import BridgeSpec, PoolService, SimPool
+
+        self.config = config
+        self.settings = settings
+        self.workers = _num_workers(config)
+        self.width = settings["width"] or self.workers
+        self.secret = secrets.token_hex(16)
+        self.run_id = secrets.token_hex(8)
+        self.started = time.monotonic()
+        self.declared: dict[str, dict[str, Any]] = {}
+        self.records: dict[str, EpisodeRecord] = {}
+        import threading
+
+        self._lock = threading.Lock()
+        rootdir = str(config.rootpath)
+        invocation = str(config.invocation_params.dir)
+        attach = BridgeAddress.from_announce(settings["sim_url"]) if settings["sim_url"] else None
+        spec = BridgeSpec(
+            width=self.width,
+            boot_timeout=settings["boot_timeout"],
+            first_action_timeout=settings["first_action_timeout"],
+            step_timeout=settings["step_timeout"],
+            vectorization=settings["vectorization"],
+            cwd=invocation,
+            python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
+        )
+        self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach)
+        self.service_host = "127.0.0.1"
+        self.service = PoolService(self.pool, self.secret, self.service_host,
+                                   extra_methods={"declare": self._declare})
+        self.provenance = self._provenance()
+        self.writer: ResultsWriter | None = None
+        if settings["results"]:
+            path = Path(settings["results"])
+            if not path.is_absolute():
+                path = config.invocation_params.dir / path
+            self.writer = ResultsWriter(path, self.provenance, self.run_id)
+
+    # ------------------------------------------------------------ plumbing
+    def worker_settings(self) -> dict[str, Any]:
+        return dict(self.settings, width=self.width)
+
+    def workerinput(self) -> dict[str, Any]:
+        return {"pool_host": self.service_host, "pool_port": self.service.port, "secret": self.secret,
+                "settings": self.worker_settings()}
+
+    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0) -> int:
+        with self._lock:
+            for ep in episodes:
+                self.declared.setdefault(ep["nodeid"], ep)
+            return len(self.declared)
+
+    def _provenance(self) -> dict[str, Any]:
+        from importlib import metadata
+
+        from .agent.model import policy_content_hash
+
+        versions = {}
+        for dist in ("pytest-hud", "pytest", "pytest-xdist", "numpy", "gymnasium", "websockets", "msgpack",
+                     "torch", "lerobot"):
+            try:
+                versions[dist] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                pass
+        policy = self.settings["policy"]
+        try:
+            policy_hash = policy_content_hash(policy) if policy else None
+        except Exception:  # noqa: BLE001 - provenance is best effort
+            policy_hash = None
+        return {
+            "plugin_version": __version__,
+            "policy": policy,
+            "policy_hash": policy_hash,
+            "sim": self.settings["sim"],
+            "width": self.width,
+            "workers": self.workers,
+            "python": sys.version.split()[0],
+            "platform": sys.platform,
+            "versions": versions,
+            "git": _git_revision(self.config.rootpath),
+            "options": {k: v for k, v in self.settings.items()},
+            "args": list(self.config.invocation_params.args),
+        }
+
+    # ------------------------------------------------------------- reports
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, "hud_episode", None)
+        if data:
+            worker = getattr(getattr(report, "node", None), "gateway", None)
+            record = EpisodeRecord.from_dict(data)
+            if worker is not None:
+                record.worker = worker.id
+            self._add(record)
+            return
+        if report.failed and report.when not in ("setup", "call", "teardown"):
+            # xdist's report for an item whose worker crashed mid-test ("???")
+            ident = self.declared.get(report.nodeid)
+            if ident is not None:
+                message = str(report.longrepr).strip().splitlines()
+                self._add(EpisodeRecord(
+                    task=ident["task"], episode=ident["episode"], nodeid=report.nodeid, outcome="error",
+                    seed=ident.get("seed"), error=(message[0] if message else "worker crashed")[:2000],
+                ))
+                report.when = "setup"  # count it as an error
+
+    def _add(self, record: EpisodeRecord) -> None:
+        with self._lock:
+            self.records[record.nodeid] = record
+            if self.writer is not None:
+                self.writer.episode(record)
+
+    # ------------------------------------------------------------- summary
+    def declared_by_task(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for ident in self.declared.values():
+            counts[ident["task"]] = counts.get(ident["task"], 0) + 1
+        return counts
+
+    def tasks(self):
+        return aggregate(self.records.values(), self.declared_by_task(), time.monotonic() - self.started)
+
+    def coverage(self) -> dict[str, Any]:
+        declared = set(self.declared)
+        reported = set(self.records)
+        missing = sorted(declared - reported)
+        errors = [r for r in self.records.values() if r.outcome == "error"]
+        return {
+            "declared": len(declared),
+            "reported": len(reported & declared) if declared else len(reported),
+            "graded": sum(1 for r in self.records.values() if r.outcome in ("passed", "failed")),
+            "errors": len(errors),
+            "skipped": sum(1 for r in self.records.values() if r.outcome == "skipped"),
+            "missing": missing,
+        }
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.writer is not None and (self.records or self.declared):
+            self.writer.summary(self.tasks(), self.coverage(), self.provenance)
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        s = self.settings
+        where = f"attached to {s['sim_url']}" if s["sim_url"] else "bridges spawned on demand"
+        return [
+            f"hud: sim={s['sim'] or '(per test)'} width={self.width} workers={self.workers} "
+            f"policy={s['policy'] or '(per test)'} ({where})",
+        ] + ([f"hud: results -> {self.writer.path}"] if self.writer else [])
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if not self.records and not self.declared:
+            return
+        from .report.table import summary_lines
+
+        tr = terminalreporter
+        tr.write_sep("=", "pytest-hud summary")
+        for line in summary_lines(self.tasks()):
+            tr.write_line(line)
+        cov = self.coverage()
+        text = (f"coverage: {cov['reported']}/{cov['declared']} declared episodes reported, "
+                f"{cov['graded']} graded, {cov['errors']} errors, {cov['skipped']} skipped")
+        if cov["missing"]:
+            text += f"; MISSING {len(cov['missing'])}: " + ", ".join(cov["missing"][:5])
+            tr.write_line(text, red=True, bold=True)
+        else:
+            tr.write_line(text, yellow=bool(cov["errors"]))
+        if self.writer is not None:
+            tr.write_line(f"results: {self.writer.path}")
+
+    def stop(self) -> None:
+        self.service.close()
+        self.pool.stop_all()
+        if self.writer is not None:
+            self.writer.close()
+
+
+class XdistHooks:
+    """Registered only when pytest-xdist is present: hands each worker the pool's address."""
+
+    def __init__(self, controller: HudController) -> None:
+        self.controller = controller
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput["hud"] = self.controller.workerinput()
+
+
+def _git_revision(root: Path) -> dict[str, Any] | None:
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5)
+        return {"revision": rev.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return None
+

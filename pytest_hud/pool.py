@@ -1,0 +1,309 @@
+"""The controller's sim pool: spawn bridges on demand, route workers to them, replace and stop them.
+
+The pool lives in the pytest controller (or the single process under ``-n 0``) and answers a tiny
+loopback JSON-RPC service, authenticated with the run's secret, so workers can ask for a bridge:
+
+    bridge(target, build, worker) -> {"control", "ws", "secret", "pid", "width", "host"}
+
+One bridge serves one (sim target, build args) for ``width`` workers: worker ``i`` of ``n`` uses
+group ``(i mod n) // width``. A bridge that died or reports itself broken is replaced when a worker
+says so (``replace_pid``); its in-flight episodes were already errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .client import BridgeAddress, BridgeError, ControlClient
+from .rpc import RpcError, RpcServer
+
+__all__ = ["PoolError", "BridgeSpec", "SimPool", "PoolService"]
+
+SECRET_ENV = "PYTEST_HUD_SECRET"
+
+
+class PoolError(RuntimeError):
+    """A bridge could not be started (the message carries the tail of its log)."""
+
+
+@dataclass
+class BridgeSpec:
+    """How the pool starts bridges (shared by every bridge of a run)."""
+
+    width: int
+    boot_timeout: float = 120.0
+    claim_timeout: float = 30.0
+    first_action_timeout: float = 300.0
+    step_timeout: float = 30.0
+    vectorization: str = "sync"
+    host: str = "127.0.0.1"
+    cwd: str | None = None
+    python_path: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Bridge:
+    key: tuple[str, str, int]
+    process: subprocess.Popen
+    address: BridgeAddress
+    log: Path
+    started: float
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class SimPool:
+    """Owns every bridge process of a run. Thread-safe; spawning blocks only the asking caller."""
+
+    def __init__(self, secret: str, spec: BridgeSpec, workers: int = 1,
+                 attach: BridgeAddress | None = None) -> None:
+        self.secret = secret
+        self.spec = spec
+        self.workers = max(1, workers)
+        self.attach = attach
+        self.workdir = Path(tempfile.mkdtemp(prefix="pytest-hud-"))
+        os.chmod(self.workdir, 0o700)
+        self._lock = threading.Lock()
+        self._key_locks: dict[tuple, threading.Lock] = {}
+        self._bridges: dict[tuple, _Bridge] = {}
+        self._retired: list[_Bridge] = []
+        self._count = 0
+        self.closed = False
+
+    # ---------------------------------------------------------------- routing
+    def group_of(self, worker: int) -> int:
+        return (worker % self.workers) // max(1, self.spec.width)
+
+    def bridge_for(self, target: str, build: dict[str, Any] | None, worker: int = 0,
+                   replace_pid: int | None = None) -> BridgeAddress:
+        """The address of the bridge this worker should use, starting or replacing it if needed."""
+        if self.attach is not None:
+            return self.attach
+        build_key = json.dumps(build or {}, sort_keys=True)
+        key = (target, build_key, self.group_of(worker))
+        with self._lock:
+            if self.closed:
+                raise PoolError("the run is shutting down")
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            current = self._bridges.get(key)
+            if current is not None and replace_pid is not None and current.address.pid == replace_pid:
+                self._retire(current)
+                current = None
+            if current is not None and current.process.poll() is not None:
+                self._retire(current)  # died on its own: replace it
+                current = None
+            if current is None:
+                current = self._spawn(key, target, build or {})
+                with self._lock:
+                    self._bridges[key] = current
+            return current.address
+
+    # --------------------------------------------------------------- spawning
+    def _spawn(self, key: tuple, target: str, build: dict[str, Any]) -> _Bridge:
+        with self._lock:
+            self._count += 1
+            n = self._count
+        announce = self.workdir / f"bridge-{n}.json"
+        log = self.workdir / f"bridge-{n}.log"
+        spec = self.spec
+        cmd = [
+            sys.executable, "-m", "pytest_hud.sim", target,
+            "--width", str(spec.width),
+            "--announce", str(announce),
+            "--host", spec.host,
+            "--vectorization", spec.vectorization,
+            "--build-args", json.dumps(build),
+            "--claim-timeout", str(spec.claim_timeout),
+            "--first-action-timeout", str(spec.first_action_timeout),
+            "--step-timeout", str(spec.step_timeout),
+            "--parent-pid", str(os.getpid()),
+        ]
+        env = dict(os.environ)
+        env[SECRET_ENV] = self.secret
+        env.setdefault("SDL_VIDEODRIVER", "dummy")
+        paths = [p for p in spec.python_path if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        with open(log, "wb") as log_fh:
+            # A new session: Ctrl-C in the terminal reaches pytest, which then stops bridges in
+            # order; the bridge's parent-death watch covers SIGKILL of pytest.
+            process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
+                                       cwd=spec.cwd, env=env, start_new_session=True)
+        deadline = time.monotonic() + spec.boot_timeout
+        while not announce.exists():
+            if process.poll() is not None:
+                raise PoolError(
+                    f"bridge for {target!r} exited with code {process.returncode} while starting:\n"
+                    f"{_log_tail(log)}"
+                )
+            if time.monotonic() > deadline:
+                _terminate(process)
+                raise PoolError(
+                    f"bridge for {target!r} did not announce itself within {spec.boot_timeout:.0f} s "
+                    f"(--hud-boot-timeout); its log:\n{_log_tail(log)}"
+                )
+            time.sleep(0.02)
+        address = BridgeAddress.from_announce(announce)
+        return _Bridge(key, process, address, log, time.monotonic())
+
+    def _retire(self, bridge: _Bridge) -> None:
+        _terminate(bridge.process)
+        with self._lock:
+            self._bridges.pop(bridge.key, None)
+            self._retired.append(bridge)
+
+    # ------------------------------------------------------------------ views
+    def bridges(self) -> list[dict[str, Any]]:
+        with self._lock:
+            items = list(self._bridges.values()) + self._retired
+        return [
+            {"target": b.key[0], "build": json.loads(b.key[1]), "group": b.key[2], "pid": b.address.pid,
+             "alive": b.process.poll() is None, "log": str(b.log)}
+            for b in items
+        ]
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [b.process.pid for b in list(self._bridges.values()) + self._retired]
+
+    def stop_all(self, timeout: float = 5.0) -> None:
+        """Stop every bridge (SIGTERM, then SIGKILL) and remove the work dir with its secrets."""
+        with self._lock:
+            self.closed = True
+            bridges = list(self._bridges.values()) + self._retired
+            self._bridges.clear()
+        for b in bridges:
+            if b.process.poll() is None:
+                try:
+                    os.killpg(b.process.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + timeout
+        for b in bridges:
+            try:
+                b.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _terminate(b.process, kill=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _terminate(process: subprocess.Popen, kill: bool = False) -> None:
+    if process.poll() is not None:
+        return
+    sig = signal.SIGKILL if kill else signal.SIGTERM
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            process.send_signal(sig)
+        except ProcessLookupError:
+            return
+    try:
+        process.wait(3.0)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait(3.0)
+
+
+class PoolService:
+    """The pool's loopback JSON-RPC service, on its own asyncio thread in the controller.
+
+    ``extra_methods`` lets the plugin add calls (episode declarations, sequential decisions).
+    """
+
+    def __init__(self, pool: SimPool, secret: str, host: str = "127.0.0.1",
+                 extra_methods: dict[str, Callable[..., Any]] | None = None) -> None:
+        self.pool = pool
+        self.host = host
+        self._loop = asyncio.new_event_loop()
+        methods: dict[str, Any] = {"bridge": self._bridge, "bridges": self._bridges}
+        for name, fn in (extra_methods or {}).items():
+            methods[name] = self._wrap(fn)
+        self._server = RpcServer(methods, secret, hello_info=lambda: {"service": "pytest-hud/pool/1"})
+        self.port = 0
+        self._thread = threading.Thread(target=self._run, name="hud-pool", daemon=True)
+        started = threading.Event()
+        self._started = started
+        self._failure: list[BaseException] = []
+        self._thread.start()
+        started.wait(30)
+        if self._failure:
+            raise PoolError(f"cannot start the pool service: {self._failure[0]}")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self.port = self._loop.run_until_complete(self._server.start(self.host, 0))
+        except BaseException as exc:  # noqa: BLE001 - reported to the constructor
+            self._failure.append(exc)
+            self._started.set()
+            return
+        self._started.set()
+        self._loop.run_forever()
+
+    @staticmethod
+    def _wrap(fn: Callable[..., Any]):
+        async def handler(conn: Any, **params: Any) -> Any:
+            return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(**params))
+
+        return handler
+
+    async def _bridge(self, conn: Any, target: str, build: dict | None = None, worker: int = 0,
+                      replace_pid: int | None = None) -> dict[str, Any]:
+        try:
+            address = await asyncio.get_running_loop().run_in_executor(
+                None, self.pool.bridge_for, target, build, worker, replace_pid
+            )
+        except PoolError as exc:
+            raise RpcError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - every failure reaches the worker as a message
+            raise RpcError(f"{type(exc).__name__}: {exc}") from None
+        return address.to_dict()
+
+    async def _bridges(self, conn: Any) -> list[dict[str, Any]]:
+        return self.pool.bridges()
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            await self._server.close()
+
+        if self._loop.is_running():
+            fut = asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
+            try:
+                fut.result(5)
+            except Exception:  # noqa: BLE001
+                pass
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+def probe_bridge(address: BridgeAddress, timeout: float = 5.0) -> dict[str, Any] | None:
+    """A bridge's ``stats()``, or None when it cannot be reached."""
+    try:
+        with ControlClient(address, timeout=timeout) as control:
+            return control.stats()
+    except BridgeError:
+        return None

@@ -1,0 +1,266 @@
+"""Per-episode records, per-task aggregates, and the results file (``pytest-hud/results/1``).
+
+The results file is JSON Lines so that nothing finished is lost: every episode is appended (and
+flushed to disk) the moment its report reaches the controller, and a crash leaves a valid file.
+
+    {"record": "run", "schema": "pytest-hud/results/1", "run_id": ..., "started": ..., "provenance": {...}}
+    {"record": "episode", "task": "evals/test_cartpole.py::test_balance", "episode": "7", "seed": 7,
+     "outcome": "passed", "success": true, "score": 1.0, "total_reward": 500.0, "steps": 500, ...}
+    ...
+    {"record": "summary", "tasks": {TASK: {n, successes, success_rate, ci_low, ci_high, ...}},
+     "coverage": {...}, "gate": {...} | null, "provenance": {...}}
+
+``load_results(path)`` reads it back (a file without a summary line, from a killed run, loads too).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .stats import wilson_interval
+
+__all__ = [
+    "SCHEMA",
+    "EpisodeRecord",
+    "TaskSummary",
+    "Results",
+    "ResultsWriter",
+    "aggregate",
+    "load_results",
+    "to_builtin",
+]
+
+SCHEMA = "pytest-hud/results/1"
+OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+def to_builtin(value: Any) -> Any:
+    """Recursively convert numpy scalars/arrays and other oddities to JSON-able builtins."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): to_builtin(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_builtin(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    item = getattr(value, "item", None)  # numpy scalars and 0-d arrays
+    if callable(item) and getattr(value, "ndim", 0) == 0:
+        return to_builtin(item())
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return to_builtin(tolist())
+    return str(value)
+
+
+@dataclass
+class EpisodeRecord:
+    """One episode's outcome as the controller records it. Builtin types only."""
+
+    task: str
+    episode: str
+    nodeid: str
+    outcome: str  # passed | failed | error | skipped
+    seed: int | None = None
+    success: bool | None = None
+    score: float | None = None
+    total_reward: float | None = None
+    steps: int | None = None
+    duration_s: float | None = None
+    slot: int | None = None
+    worker: str | None = None
+    error: str | None = None
+    reused: bool = False
+    artefacts: dict[str, str] = field(default_factory=dict)
+    identity: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_builtin(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EpisodeRecord:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class TaskSummary:
+    task: str
+    n: int  # graded episodes (passed + failed)
+    successes: int
+    errors: int
+    skipped: int
+    declared: int
+    success_rate: float | None
+    ci_low: float
+    ci_high: float
+    mean_return: float | None
+    mean_steps: float | None
+    episodes_per_hour: float | None
+    reused: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_builtin(asdict(self))
+
+
+def aggregate(
+    episodes: Iterable[EpisodeRecord],
+    declared: Mapping[str, int] | None = None,
+    wall_s: float | None = None,
+) -> dict[str, TaskSummary]:
+    """Per-task success rate with a 95% Wilson interval, errors, mean return and throughput.
+
+    Errors are not failures: they are excluded from ``n`` and counted separately (coverage).
+    ``episodes_per_hour`` uses ``wall_s`` (the run's wall time) when given, else summed durations.
+    """
+    by_task: dict[str, list[EpisodeRecord]] = {}
+    for rec in episodes:
+        by_task.setdefault(rec.task, []).append(rec)
+    for task in declared or {}:
+        by_task.setdefault(task, [])
+    out: dict[str, TaskSummary] = {}
+    for task, recs in sorted(by_task.items()):
+        graded = [r for r in recs if r.outcome in ("passed", "failed") and r.success is not None]
+        n = len(graded)
+        successes = sum(1 for r in graded if r.success)
+        low, high = wilson_interval(successes, n)
+        returns = [r.total_reward for r in graded if r.total_reward is not None]
+        steps = [r.steps for r in graded if r.steps is not None]
+        ran = [r for r in recs if not r.reused and r.outcome != "skipped"]
+        busy = wall_s if wall_s else sum(r.duration_s or 0.0 for r in ran)
+        out[task] = TaskSummary(
+            task=task,
+            n=n,
+            successes=successes,
+            errors=sum(1 for r in recs if r.outcome == "error"),
+            skipped=sum(1 for r in recs if r.outcome == "skipped"),
+            declared=max(int((declared or {}).get(task, 0)), len(recs)),
+            success_rate=successes / n if n else None,
+            ci_low=low,
+            ci_high=high,
+            mean_return=sum(returns) / len(returns) if returns else None,
+            mean_steps=sum(steps) / len(steps) if steps else None,
+            episodes_per_hour=len(ran) * 3600.0 / busy if busy and ran else None,
+            reused=sum(1 for r in recs if r.reused),
+        )
+    return out
+
+
+@dataclass
+class Results:
+    """A results file read back."""
+
+    run: dict[str, Any]
+    episodes: list[EpisodeRecord]
+    summary: dict[str, Any] | None
+    path: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """False for a file left by a killed run (no summary line)."""
+        return self.summary is not None
+
+    def tasks(self) -> dict[str, TaskSummary]:
+        declared = None
+        if self.summary:
+            declared = {t: s.get("declared", 0) for t, s in self.summary.get("tasks", {}).items()}
+        return aggregate(self.latest_episodes(), declared)
+
+    def latest_episodes(self) -> list[EpisodeRecord]:
+        """One record per (task, episode): the last one written wins (reruns, resumes)."""
+        latest: dict[tuple[str, str], EpisodeRecord] = {}
+        for rec in self.episodes:
+            latest[(rec.task, rec.episode)] = rec
+        return list(latest.values())
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        if self.summary and self.summary.get("provenance"):
+            return self.summary["provenance"]
+        return self.run.get("provenance", {})
+
+
+def load_results(path: str | os.PathLike[str]) -> Results:
+    """Read a results file; raises ``ValueError`` naming the line when it is not ours."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"results file {str(path)!r} does not exist") from None
+    run: dict[str, Any] = {}
+    episodes: list[EpisodeRecord] = []
+    summary: dict[str, Any] | None = None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if lineno == len(text.splitlines()):
+                break  # a torn last line from a killed run: everything before it stands
+            raise ValueError(f"{path}:{lineno} is not JSON") from None
+        kind = rec.get("record") if isinstance(rec, dict) else None
+        if kind == "run":
+            if rec.get("schema") != SCHEMA:
+                raise ValueError(f"{path} has schema {rec.get('schema')!r}, expected {SCHEMA!r}")
+            run = rec
+        elif kind == "episode":
+            episodes.append(EpisodeRecord.from_dict(rec))
+        elif kind == "summary":
+            summary = rec
+        else:
+            raise ValueError(f"{path}:{lineno} is not a pytest-hud results record")
+    if not run:
+        raise ValueError(f"{path} is not a pytest-hud results file (no 'run' record first)")
+    return Results(run=run, episodes=episodes, summary=summary, path=str(path))
+
+
+class ResultsWriter:
+    """Appends records to the results file, flushing and fsyncing each episode as it lands."""
+
+    def __init__(self, path: str | os.PathLike[str], provenance: Mapping[str, Any], run_id: str,
+                 append: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = "a" if append and self.path.exists() else "w"
+        self._fh = open(self.path, mode, encoding="utf-8")
+        if mode == "w":
+            self._write({"record": "run", "schema": SCHEMA, "run_id": run_id,
+                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         "provenance": to_builtin(dict(provenance))})
+
+    def _write(self, obj: Mapping[str, Any]) -> None:
+        self._fh.write(json.dumps(obj, sort_keys=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def episode(self, record: EpisodeRecord) -> None:
+        self._write({"record": "episode", **record.to_dict()})
+
+    def summary(self, tasks: Mapping[str, TaskSummary], coverage: Mapping[str, Any],
+                provenance: Mapping[str, Any], gate: Any = None) -> None:
+        self._write({
+            "record": "summary",
+            "schema": SCHEMA,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "tasks": {t: s.to_dict() for t, s in tasks.items()},
+            "coverage": to_builtin(dict(coverage)),
+            "gate": to_builtin(gate),
+            "provenance": to_builtin(dict(provenance)),
+        })
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()

@@ -1,0 +1,9 @@
+"""The bridge: one vectorized simulator served to many concurrent episodes.
+
+Run it with ``python -m pytest_hud.sim TARGET --width N``; write a :class:`VectorSim` subclass to
+serve a sim that is not gym-shaped.
+"""
+
+from .base import GymSim, StepBatch, VectorSim
+
+__all__ = ["GymSim", "StepBatch", "VectorSim"]

@@ -1,0 +1,178 @@
+"""``python -m pytest_hud.sim TARGET --width N``: serve a vectorized sim to many episodes.
+
+The sim owns the main thread; the control channel and the slot WebSockets run on an asyncio loop
+in a background thread. Once both sockets are bound the bridge writes its announce file (mode
+0600): ``{"control": PORT, "ws": PORT, "pid": PID, "width": N, "secret": SECRET}``. It exits by
+itself when its parent process dies, and removes the announce file on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from .mainthread import MainThreadExecutor
+from .server import BridgeServer, Timeouts
+from .target import TargetError, load_sim
+
+SECRET_ENV = "PYTEST_HUD_SECRET"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m pytest_hud.sim",
+        description="Serve a vectorized simulator to concurrent episodes over the openpi/0 wire.",
+    )
+    p.add_argument("target", help="Gymnasium id, 'module:factory' or 'path/to/file.py:factory'")
+    p.add_argument("--width", type=int, default=1, help="Number of slots (vectorized sub-envs)")
+    p.add_argument("--announce", help="Write the announce JSON here (mode 0600) once serving")
+    p.add_argument("--contract", help="Validate against this contract.json (and use its names)")
+    p.add_argument("--save-contract", help="Write the derived contract.json here and continue")
+    p.add_argument("--fps", type=float, help="Control rate in Hz recorded in the contract")
+    p.add_argument("--vectorization", choices=("sync", "async"), default="sync",
+                   help="How single envs are vectorized (async: one process per slot)")
+    p.add_argument("--host", default="127.0.0.1", help="Interface to bind (loopback by default)")
+    p.add_argument("--control-port", type=int, default=0, help="Control port (0: any free port)")
+    p.add_argument("--ws-port", type=int, default=0, help="WebSocket port (0: any free port)")
+    p.add_argument("--build-args", default="{}", help="JSON object of env-defining arguments")
+    p.add_argument("--hold", choices=("zeros", "repeat"), default="zeros",
+                   help="Action given to free, finished and disconnected slots")
+    p.add_argument("--claim-timeout", type=float, default=30.0, help="Seconds to send the claim frame")
+    p.add_argument("--first-action-timeout", type=float, default=300.0,
+                   help="Seconds for the first action (model warm-up)")
+    p.add_argument("--step-timeout", type=float, default=30.0, help="Seconds for each later action")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="Exit when this process dies (default: the parent process)")
+    return p.parse_args(argv)
+
+
+def write_announce(path: str, payload: dict[str, Any]) -> None:
+    """Write atomically with mode 0600 so a reader never sees a partial file or a leaked secret."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(payload, fh)
+    os.replace(tmp, target)
+
+
+def _parent_alive(pid: int) -> bool:
+    if os.getppid() != pid:  # re-parented: the parent is gone
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    parent = args.parent_pid if args.parent_pid is not None else os.getppid()
+    try:
+        build_args = json.loads(args.build_args)
+        if not isinstance(build_args, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        print(f"pytest-hud bridge: --build-args must be a JSON object ({exc})", file=sys.stderr)
+        return 2
+    if args.width < 1:
+        print(f"pytest-hud bridge: --width must be at least 1, got {args.width}", file=sys.stderr)
+        return 2
+    try:
+        sim = load_sim(args.target, args.width, args.vectorization, build_args, args.fps)
+        contract = sim.contract()
+        if args.contract:
+            from ..contract import Contract
+
+            saved = Contract.load(args.contract)
+            saved.check_matches(contract)
+            sim.contract = lambda: saved  # type: ignore[method-assign]  # names from the file win
+        if args.save_contract:
+            contract.save(args.save_contract)
+    except (TargetError, ValueError) as exc:
+        print(f"pytest-hud bridge: {exc}", file=sys.stderr)
+        return 2
+
+    secret = os.environ.pop(SECRET_ENV, None) or secrets.token_hex(16)
+    executor = MainThreadExecutor()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    failure: list[BaseException] = []
+    server = BridgeServer(
+        sim,
+        executor.submit,
+        secret=secret,
+        host=args.host,
+        timeouts=Timeouts(args.claim_timeout, args.first_action_timeout, args.step_timeout),
+        hold=args.hold,
+        build_args=build_args,
+        target=args.target,
+    )
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(server.start(args.control_port, args.ws_port))
+        except BaseException as exc:  # noqa: BLE001 - reported on the main thread
+            failure.append(exc)
+            ready.set()
+            executor.stop()
+            return
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, name="hud-bridge-loop", daemon=True)
+    thread.start()
+    ready.wait()
+    if failure:
+        print(f"pytest-hud bridge: cannot bind sockets: {failure[0]}", file=sys.stderr)
+        sim.close()
+        return 2
+    payload = {"control": server.control_port, "ws": server.ws_port, "pid": os.getpid(),
+               "width": args.width, "secret": secret, "host": args.host}
+    if args.announce:
+        write_announce(args.announce, payload)
+    else:
+        print(json.dumps({k: v for k, v in payload.items() if k != "secret"}), file=sys.stderr)
+
+    signal.signal(signal.SIGTERM, lambda *_: executor.stop())
+    signal.signal(signal.SIGINT, lambda *_: executor.stop())
+
+    def watch_parent() -> None:
+        if parent > 1 and not _parent_alive(parent):
+            executor.stop()
+
+    try:
+        executor.run(poll=watch_parent, poll_every=0.25)
+    finally:
+        if args.announce:
+            try:
+                os.unlink(args.announce)
+            except OSError:
+                pass
+        asyncio.run_coroutine_threadsafe(server.close(), loop)
+        try:
+            sim.close()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    # os._exit: a sim library's non-daemon threads must not keep an orphaned bridge alive.
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,176 @@
+"""What a bridge serves: a vectorized sim with ``width`` slots, driven by batched calls.
+
+:class:`VectorSim` is the seam for sims that are not gym-shaped (write a subclass, point the bridge
+at it); :class:`GymSim` adapts any gymnasium vector env. Every array crossing this boundary has the
+batch (slot) dimension first: ``[N, ...]`` with ``N == width``.
+
+These objects are touched from the bridge's main thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..contract import Contract, derive_contract, flatten_observation
+
+__all__ = ["StepBatch", "VectorSim", "GymSim", "SUCCESS_KEYS"]
+
+#: ``info`` keys read (in this order) to latch an episode's success.
+SUCCESS_KEYS = ("is_success", "success", "task_success")
+
+
+class StepBatch:
+    """One batched step's outcome: per-slot reward, termination, success and optional score."""
+
+    __slots__ = ("rewards", "terminated", "truncated", "success", "score")
+
+    def __init__(
+        self,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        success: np.ndarray | None = None,
+        score: np.ndarray | None = None,
+    ) -> None:
+        self.rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        self.terminated = np.asarray(terminated, dtype=bool).reshape(-1)
+        self.truncated = np.asarray(truncated, dtype=bool).reshape(-1)
+        n = self.rewards.shape[0]
+        self.success = np.zeros(n, bool) if success is None else np.asarray(success, bool)
+        self.score = score  # [N] float, NaN where the sim gives none
+
+
+class VectorSim:
+    """Base class for a sim served by a bridge. Override the four hooks.
+
+    - :meth:`contract` — features of one slot's observation and action.
+    - :meth:`reset_slots` — reset the given slots with their own seeds and options; return the
+      per-slot success flags at reset (``[len(indices)]`` bool).
+    - :meth:`step` — advance all ``width`` slots with ``actions`` (``[N, *action_shape]``).
+    - :meth:`observe` — the current observation of every slot, ``{feature: [N, ...]}``.
+
+    Set ``supports_slot_reset = False`` when the sim can only reset all slots at once; the bridge
+    then gathers claims into waves.
+    """
+
+    supports_slot_reset: bool = True
+
+    def __init__(self, width: int) -> None:
+        self.width = int(width)
+
+    def contract(self) -> Contract:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def reset_slots(
+        self,
+        indices: Sequence[int],
+        seeds: Sequence[int | None],
+        options: Sequence[Mapping[str, Any] | None],
+    ) -> np.ndarray:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def step(self, actions: np.ndarray) -> StepBatch:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def observe(self) -> dict[str, np.ndarray]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def hold_action(self) -> np.ndarray:
+        """The action given to free, finished and disconnected slots (a no-op where declared)."""
+        feat = self.contract().action
+        if feat.type == "discrete":
+            return np.asarray(int(feat.low[0]), dtype=np.int64)
+        return np.zeros(feat.shape, dtype=feat.dtype)
+
+    def close(self) -> None:
+        pass
+
+
+def _per_slot_info(infos: Mapping[str, Any], key: str, n: int) -> np.ndarray | None:
+    """Read ``infos[key]`` from a gymnasium vector info dict as an ``[N]`` array (None if absent)."""
+    if key not in infos:
+        return None
+    values = np.asarray(infos[key])
+    mask = np.asarray(infos.get(f"_{key}", np.ones(n, bool)), dtype=bool)
+    if values.shape[:1] != (n,):
+        return None
+    if values.dtype == object:
+        values = np.array([bool(v) if v is not None else False for v in values])
+    return np.where(mask, values, False)
+
+
+def success_from_infos(infos: Mapping[str, Any], n: int) -> np.ndarray:
+    out = np.zeros(n, bool)
+    for key in SUCCESS_KEYS:
+        flags = _per_slot_info(infos, key, n)
+        if flags is not None:
+            out |= flags.astype(bool)
+    return out
+
+
+class GymSim(VectorSim):
+    """A gymnasium vector env with autoreset disabled, reset per slot through ``reset_mask``."""
+
+    def __init__(self, env: Any, control_rate: float | None = None) -> None:
+        super().__init__(env.num_envs)
+        self.env = env
+        mode = env.metadata.get("autoreset_mode")
+        self.supports_slot_reset = getattr(mode, "value", mode) == "Disabled"
+        # One global reset gives the sample observation the contract is derived from, and leaves
+        # every sub-env in a steppable state.
+        obs, _ = env.reset()
+        self._obs = self._flatten(obs)
+        sample = {k: v[0] for k, v in self._obs.items()}
+        single = env.single_observation_space
+        if not isinstance(obs, Mapping):
+            sample = next(iter(sample.values()))
+        self._contract = derive_contract(
+            single, env.single_action_space, sample, env.metadata, control_rate
+        )
+        if not isinstance(obs, Mapping):
+            self._bare_key = next(iter(self._contract.observation_features))
+            self._obs = {self._bare_key: np.asarray(obs)}
+
+    _bare_key: str | None = None
+
+    def _flatten(self, obs: Any) -> dict[str, np.ndarray]:
+        if isinstance(obs, Mapping):
+            return flatten_observation(obs)
+        return {self._bare_key or "state": np.asarray(obs)}
+
+    def contract(self) -> Contract:
+        return self._contract
+
+    def reset_slots(self, indices, seeds, options) -> np.ndarray:
+        n = self.width
+        seed_list: list[int | None] = [None] * n
+        for i, s in zip(indices, seeds):
+            seed_list[i] = s
+        # Options are per call: the server resets slots whose options differ in separate calls.
+        opts = dict(next((o for o in options if o), None) or {})
+        if self.supports_slot_reset:
+            mask = np.zeros(n, bool)
+            mask[list(indices)] = True
+            opts["reset_mask"] = mask
+        obs, infos = self.env.reset(seed=seed_list, options=opts or None)
+        self._obs = self._flatten(obs)  # untouched slots come back unchanged
+        return success_from_infos(infos, n)[list(indices)]
+
+    def step(self, actions: np.ndarray) -> StepBatch:
+        obs, rewards, terminated, truncated, infos = self.env.step(actions)
+        self._obs = self._flatten(obs)
+        n = self.width
+        score = _per_slot_info(infos, "score", n)
+        if score is not None:
+            mask = np.asarray(infos.get("_score", np.ones(n, bool)), dtype=bool)
+            score = np.where(mask, np.asarray(infos["score"], dtype=np.float64), np.nan)
+        return StepBatch(rewards, terminated, truncated, success_from_infos(infos, n), score)
+
+    def observe(self) -> dict[str, np.ndarray]:
+        return self._obs
+
+    def close(self) -> None:
+        self.env.close()

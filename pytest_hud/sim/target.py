@@ -1,0 +1,157 @@
+"""Resolve a sim target (``CartPole-v1``, ``module:factory``, ``path/to/file.py:factory``).
+
+A factory that accepts ``num_envs`` returns a vector env (or a :class:`VectorSim`) itself;
+otherwise it returns one env and the bridge vectorizes ``width`` copies with autoreset disabled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .base import GymSim, VectorSim
+
+__all__ = ["TargetError", "resolve_factory", "load_sim", "describe_target"]
+
+
+class TargetError(ValueError):
+    """A sim target that cannot be found or built."""
+
+
+def _load_from_path(path: str, attr: str) -> Any:
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise TargetError(f"sim target file {path!r} does not exist")
+    name = f"_hud_sim_{abs(hash(str(file)))}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot import {path!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(file.parent))  # let the file import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(file.parent))
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise TargetError(f"{path!r} has no attribute {attr!r}") from None
+
+
+def resolve_factory(target: str) -> Callable[..., Any] | None:
+    """The callable a ``module:attr`` or ``file.py:attr`` target names, or None for a gym id."""
+    if ":" not in target:
+        return None
+    where, _, attr = target.rpartition(":")
+    if where.endswith(".py") or "/" in where and Path(where).suffix == ".py":
+        return _load_from_path(where, attr)
+    try:
+        module = importlib.import_module(where)
+    except ModuleNotFoundError as exc:
+        if exc.name and where.startswith(exc.name):
+            return None  # maybe a namespaced gym id such as "gym_pusht/PushT-v0"
+        raise
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise TargetError(f"module {where!r} has no attribute {attr!r}") from None
+
+
+def _check_gym_id(target: str) -> None:
+    import gymnasium as gym
+
+    try:
+        gym.spec(target)
+    except Exception as exc:  # gymnasium raises several error types for unknown ids
+        raise TargetError(
+            f"unknown sim target {target!r}: not a registered gymnasium id ({exc}); "
+            "use a gymnasium id such as CartPole-v1, 'module:factory' or 'path/to/file.py:factory'"
+        ) from None
+
+
+def describe_target(target: str) -> str:
+    """Validate a target cheaply (no env is built) and say what it is; raise :class:`TargetError`."""
+    factory = resolve_factory(target)
+    if factory is None:
+        _check_gym_id(target)
+        return f"gymnasium id {target}"
+    if not callable(factory):
+        raise TargetError(f"sim target {target!r} is not callable")
+    return f"factory {target}"
+
+
+def _accepts_num_envs(factory: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "num_envs" in params
+
+
+def load_sim(
+    target: str,
+    width: int,
+    vectorization: str = "sync",
+    build_args: Mapping[str, Any] | None = None,
+    control_rate: float | None = None,
+) -> VectorSim:
+    """Build the vectorized sim a bridge serves."""
+    import gymnasium as gym
+    from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+
+    kwargs = dict(build_args or {})
+    factory = resolve_factory(target)
+    if factory is None:
+        _check_gym_id(target)
+
+        def make_one() -> Any:
+            return gym.make(target, **kwargs)
+
+    elif _accepts_num_envs(factory) or (isinstance(factory, type) and issubclass(factory, VectorSim)):
+        built = factory(num_envs=width, **kwargs) if _accepts_num_envs(factory) else factory(width, **kwargs)
+        return _as_vector_sim(built, width, control_rate)
+    else:
+
+        def make_one() -> Any:
+            return factory(**kwargs)
+
+    probe = make_one()
+    if isinstance(probe, VectorSim | VectorEnv):
+        return _as_vector_sim(probe, width, control_rate)
+    if not isinstance(probe, gym.Env):
+        raise TargetError(
+            f"sim target {target!r} returned {type(probe).__name__}; expected a gymnasium Env, "
+            "a gymnasium VectorEnv or a pytest_hud.sim.VectorSim"
+        )
+    if vectorization == "async":
+        probe.close()  # sub-processes build their own; spawn avoids forking a GL context
+        env = AsyncVectorEnv([make_one] * width, autoreset_mode=AutoresetMode.DISABLED, context="spawn")
+    elif vectorization == "sync":
+        makers = [lambda p=probe: p] + [make_one] * (width - 1)
+        env = SyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED)
+    else:
+        raise TargetError(f"vectorization must be 'sync' or 'async', got {vectorization!r}")
+    return GymSim(env, control_rate)
+
+
+def _as_vector_sim(built: Any, width: int, control_rate: float | None) -> VectorSim:
+    from gymnasium.vector import VectorEnv
+
+    if isinstance(built, VectorSim):
+        sim = built
+    elif isinstance(built, VectorEnv):
+        sim = GymSim(built, control_rate)
+    else:
+        raise TargetError(
+            f"a factory that takes num_envs must return a VectorEnv or VectorSim, "
+            f"got {type(built).__name__}"
+        )
+    if sim.width != width:
+        raise TargetError(f"sim has {sim.width} slots but the bridge was asked for width {width}")
+    return sim
