@@ -300,7 +300,12 @@ class BridgeServer:
             if slot is not None and self._sockets.get(slot.index) is ws:
                 self._sockets.pop(slot.index, None)
                 if slot.state is SlotState.LIVE:
-                    self._end_slot(slot, error=f"slot {slot.index}: agent disconnected mid-episode")
+                    # A clean close is an agent that stopped (max_steps, should_stop); anything
+                    # else (a killed worker, a dropped socket) is an error.
+                    rcvd = ws.close_rcvd
+                    clean = rcvd is not None and rcvd.code in (1000, 1001)
+                    self._end_slot(slot, error=None if clean else
+                                   f"slot {slot.index}: agent disconnected mid-episode")
                     self._maybe_tick()
 
     async def _bind(self, ws: ServerConnection, raw: Any) -> Slot | None:

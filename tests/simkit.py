@@ -1,0 +1,91 @@
+"""Small sims for the bridge tests (targets such as ``tests/simkit.py:counter``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import gymnasium as gym
+from gymnasium import spaces
+
+from pytest_hud.contract import Contract, Feature
+from pytest_hud.sim import StepBatch, VectorSim
+
+
+class CounterSim(VectorSim):
+    """Per-slot state ``[seed, step]``; an episode lasts ``length`` steps and earns ``seed`` in total.
+
+    So two concurrent episodes with seeds 3 and 6 must see their own seed in every observation and
+    be graded 3 and 6. ``explode_at`` makes ``step`` raise at that global tick (sim-exception drill).
+    """
+
+    def __init__(self, num_envs: int, length: int = 3, explode_at: int = -1, slot_reset: bool = True):
+        super().__init__(num_envs)
+        self.length = length
+        self.explode_at = explode_at
+        self.supports_slot_reset = slot_reset
+        self.seed = np.zeros(num_envs)
+        self.t = np.zeros(num_envs)
+        self.ticks = 0
+        self.resets: list[list[int]] = []
+        self._contract = Contract(
+            features={
+                "state": Feature("state", "observation", "state", "float32", (2,), ["seed", "step"]),
+                "action": Feature("action", "action", "box", "float32", (1,), ["a"], [-1.0], [1.0]),
+            },
+            control_rate=10.0,
+        )
+
+    def contract(self) -> Contract:
+        return self._contract
+
+    def reset_slots(self, indices, seeds, options):
+        self.resets.append(list(indices))
+        for i, s in zip(indices, seeds):
+            self.seed[i] = 0 if s is None else s
+            self.t[i] = 0
+        return np.zeros(len(indices), bool)
+
+    def step(self, actions):
+        self.ticks += 1
+        if self.ticks == self.explode_at:
+            raise RuntimeError("the sim exploded on purpose")
+        self.t += 1
+        rewards = self.seed / self.length
+        done = self.t >= self.length
+        return StepBatch(rewards, done, np.zeros(self.width, bool), success=done & (self.seed > 4))
+
+    def observe(self):
+        return {"state": np.stack([self.seed, self.t], axis=1).astype(np.float32)}
+
+
+def counter(num_envs: int, length: int = 3, explode_at: int = -1):
+    return CounterSim(num_envs, length=length, explode_at=explode_at)
+
+
+def counter_waves(num_envs: int, length: int = 3):
+    return CounterSim(num_envs, length=length, slot_reset=False)
+
+
+class _ImageStateEnv(gym.Env):
+    """A Dict observation with a camera and a state vector (for contract derivation)."""
+
+    metadata = {"render_fps": 15}
+
+    def __init__(self):
+        self.observation_space = spaces.Dict({
+            "pixels": spaces.Dict({"top": spaces.Box(0, 255, (8, 6, 3), np.uint8)}),
+            "agent_pos": spaces.Box(-1.0, 1.0, (2,), np.float32),
+        })
+        self.action_space = spaces.Box(-2.0, 2.0, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return {"pixels": {"top": np.zeros((8, 6, 3), np.uint8)},
+                "agent_pos": self.np_random.uniform(-1, 1, 2).astype(np.float32)}, {}
+
+    def step(self, action):
+        obs, _ = self.reset()
+        return obs, 0.0, False, False, {"is_success": True}
+
+
+def image_state():
+    return _ImageStateEnv()

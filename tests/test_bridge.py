@@ -1,0 +1,320 @@
+"""The bridge end to end: real subprocesses, real sockets on loopback, every wait bounded."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from conftest import SIMKIT
+from pytest_hud.agent import Agent
+from pytest_hud.client import BridgeAddress, BridgeError, ControlClient, SlotClient
+from pytest_hud.episode import Episode, EpisodeError
+
+pytestmark = pytest.mark.timeout(60)
+
+COUNTER = f"{SIMKIT}:counter"
+
+
+def run_threads(*targets):
+    errors: list[BaseException] = []
+
+    def wrap(fn):
+        def go():
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+        return go
+
+    threads = [threading.Thread(target=wrap(t)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a client hung"
+    if errors:
+        raise errors[0]
+
+
+def test_two_concurrent_episodes_each_get_their_own_slot_data_and_grade(bridge):
+    address = bridge(COUNTER, 2)
+    results = {}
+
+    def episode(seed):
+        def go():
+            with ControlClient(address) as control:
+                claim = control.reset(seed=seed)
+                seen = []
+                with SlotClient(address, claim.token) as slot:
+                    frame = slot.first_observation
+                    seen.append(frame["state"][0])
+                    while not frame["terminated"]:
+                        frame = slot.step(np.zeros(1, np.float32))
+                        seen.append(frame["state"][0])
+                results[seed] = (claim.slot, seen, control.result(claim.token))
+        return go
+
+    run_threads(episode(3), episode(6))
+    assert {results[3][0], results[6][0]} == {0, 1}
+    for seed in (3, 6):
+        slot, seen, grade = results[seed]
+        assert seen == [seed] * 4  # first observation plus 3 steps, all from its own slot
+        assert grade["total_reward"] == pytest.approx(seed)
+        assert grade["steps"] == 3 and grade["terminated"]
+    assert results[6][2]["success"] and not results[3][2]["success"]
+
+
+def first_obs(address, seed, slot=None):
+    with ControlClient(address) as control:
+        claim = control.reset(seed=seed)
+        if slot is not None:
+            assert claim.slot == slot
+        with SlotClient(address, claim.token) as ws:
+            obs = np.array(ws.first_observation["state"])
+        control.release(claim.token)
+    return obs
+
+
+def test_same_seed_gives_the_same_first_observation_on_any_slot_and_width(bridge):
+    wide = bridge("Pendulum-v1", 4)
+    narrow = bridge("Pendulum-v1", 1)
+    expected = gym.make("Pendulum-v1").reset(seed=11)[0]
+    # occupy slots 0..2 so that the next claim lands on slot 3
+    with ControlClient(wide) as holder:
+        for _ in range(3):
+            holder.reset(seed=0)
+        on_slot3 = first_obs(wide, 11, slot=3)
+    on_slot0 = first_obs(wide, 11, slot=0)
+    on_width1 = first_obs(narrow, 11, slot=0)
+    np.testing.assert_array_equal(on_slot0, expected)
+    np.testing.assert_array_equal(on_slot3, expected)
+    np.testing.assert_array_equal(on_width1, expected)
+
+
+def test_mixed_seeds_in_flight_at_once_each_match_a_single_env(bridge):
+    address = bridge("CartPole-v1", 3)
+    seeds = [5, 17, 5]
+    got = {}
+
+    def episode(i, seed):
+        def go():
+            with ControlClient(address) as control:
+                claim = control.reset(seed=seed)
+                with SlotClient(address, claim.token) as ws:
+                    frames = [np.array(ws.first_observation["state"])]
+                    for _ in range(5):
+                        frames.append(np.array(ws.step(np.array([1]))["state"]))
+                got[i] = frames
+                control.result(claim.token)
+        return go
+
+    run_threads(*(episode(i, s) for i, s in enumerate(seeds)))
+    for i, seed in enumerate(seeds):
+        env = gym.make("CartPole-v1")
+        ref = [env.reset(seed=seed)[0]] + [env.step(1)[0] for _ in range(5)]
+        np.testing.assert_allclose(np.array(got[i]), np.array(ref), rtol=0, atol=0)
+
+
+def test_a_claimed_but_undialed_slot_is_not_stepped(bridge):
+    address = bridge(COUNTER.replace(":counter", ":counter"), 2)
+    with ControlClient(address) as idle, ControlClient(address) as busy:
+        waiting = idle.reset(seed=9)
+        active = busy.reset(seed=2)
+        with SlotClient(address, active.token) as ws:
+            frame = ws.first_observation
+            while not frame["terminated"]:
+                frame = ws.step(np.zeros(1, np.float32))
+        busy.result(active.token)
+        # the peer ran a whole episode meanwhile; the waiting slot starts fresh when it dials
+        with SlotClient(address, waiting.token) as ws:
+            np.testing.assert_array_equal(ws.first_observation["state"], [9.0, 0.0])
+        assert idle.result(waiting.token)["steps"] == 0
+
+
+def test_a_silent_slot_times_out_while_its_peer_finishes(bridge):
+    address = bridge(COUNTER, 2, "--step-timeout", "1", "--first-action-timeout", "1")
+    with ControlClient(address) as a, ControlClient(address) as b:
+        silent, active = a.reset(seed=1), b.reset(seed=2)
+        with SlotClient(address, silent.token) as quiet, SlotClient(address, active.token) as ws:
+            t0 = time.monotonic()
+            frame = ws.first_observation
+            while not frame["terminated"]:
+                frame = ws.step(np.zeros(1, np.float32))
+            assert time.monotonic() - t0 < 10
+            with pytest.raises(BridgeError, match=r"sent no first action within 1 s"):
+                quiet.step(np.zeros(1, np.float32))
+        assert b.result(active.token)["steps"] == 3
+        grade = a.result(silent.token)
+        assert "no first action" in grade["error"] and grade["steps"] == 0
+
+
+def test_a_wrong_shape_action_fails_that_slot_only(bridge):
+    address = bridge(COUNTER, 2)
+    with ControlClient(address) as a, ControlClient(address) as b:
+        bad, good = a.reset(seed=1), b.reset(seed=2)
+        with SlotClient(address, bad.token) as wrong, SlotClient(address, good.token) as right:
+            with pytest.raises(BridgeError, match=r"action of shape \(3,\), contract says \(1,\)"):
+                wrong.step(np.zeros(3, np.float32))
+            frame = right.first_observation
+            while not frame["terminated"]:
+                frame = right.step(np.zeros(1, np.float32))
+        assert b.result(good.token)["steps"] == 3
+        assert "shape" in a.result(bad.token)["error"]
+
+
+def test_closing_a_control_connection_frees_its_claims(bridge):
+    address = bridge(COUNTER, 1)
+    control = ControlClient(address)
+    control.reset(seed=1)
+    control.close()
+    with ControlClient(address) as other:
+        deadline = time.monotonic() + 5
+        while other.stats()["slots"][0]["state"] != "free":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert other.reset(seed=2, wait=5).slot == 0
+
+
+def test_a_sim_exception_sends_error_frames_and_marks_the_bridge_broken(bridge, tmp_path):
+    factory = tmp_path / "exploding.py"
+    factory.write_text(
+        f"import sys; sys.path.insert(0, {str(SIMKIT.parent)!r})\n"
+        "from simkit import CounterSim\n"
+        "def make(num_envs):\n    return CounterSim(num_envs, length=10, explode_at=2)\n"
+    )
+    address = bridge(f"{factory}:make", 2)
+    with ControlClient(address) as a, ControlClient(address) as b:
+        ca, cb = a.reset(seed=1), b.reset(seed=2)
+        errors = []
+
+        def drive(claim):
+            def go():
+                with SlotClient(address, claim.token) as ws:
+                    try:
+                        for _ in range(5):
+                            ws.step(np.zeros(1, np.float32))
+                    except BridgeError as exc:
+                        errors.append(str(exc))
+            return go
+
+        run_threads(drive(ca), drive(cb))
+        assert len(errors) == 2 and all("exploded on purpose" in e for e in errors)
+        stats = a.stats()
+        assert "exploded on purpose" in stats["broken"]
+        with pytest.raises(BridgeError, match="bridge is broken"):
+            a.reset(seed=3, wait=5)
+
+
+def test_cartpole_with_discrete_actions_runs_an_episode(bridge):
+    address = bridge("CartPole-v1", 2)
+    with ControlClient(address) as control:
+        contract = control.contract()
+        assert contract.action.type == "discrete"
+        agent = Agent(lambda obs: int(obs["state"][2] + 0.5 * obs["state"][3] > 0))
+        result = agent.run(Episode(control, contract, seed=1), max_steps=200)
+    assert result.steps == 200 and result.total_reward == 200.0 and result.error is None
+
+
+def test_wave_fallback_claims_wait_for_the_next_global_reset(bridge):
+    address = bridge(f"{SIMKIT}:counter_waves", 2)
+    order = []
+
+    def episode(seed, delay):
+        def go():
+            time.sleep(delay)
+            with ControlClient(address) as control:
+                claim = control.reset(seed=seed, wait=20)
+                order.append(("claimed", seed, time.monotonic()))
+                with SlotClient(address, claim.token) as ws:
+                    frame = ws.first_observation
+                    assert frame["state"][0] == seed
+                    while not frame["terminated"]:
+                        frame = ws.step(np.zeros(1, np.float32))
+                assert control.result(claim.token)["total_reward"] == pytest.approx(seed)
+        return go
+
+    run_threads(episode(3, 0), episode(6, 0), episode(7, 0.3))
+    assert sorted(s for _, s, _ in order) == [3, 6, 7]
+
+
+def test_a_bad_secret_is_refused(bridge):
+    address = bridge(COUNTER, 1)
+    forged = BridgeAddress(address.control, address.ws, "0" * 32, address.host)
+    with pytest.raises(BridgeError, match="wrong or missing secret"):
+        ControlClient(forged)
+    with socket.create_connection((address.host, address.control), timeout=5) as sock:
+        sock.sendall(b'{"jsonrpc": "2.0", "id": 1, "method": "reset", "params": {}}\n')
+        reply = json.loads(sock.makefile().readline())
+        assert reply["error"]["code"] == -32001 and "hello" in reply["error"]["message"]
+
+
+def test_malformed_control_frames_get_json_rpc_errors_and_the_handler_survives(bridge):
+    address = bridge(COUNTER, 1)
+    with socket.create_connection((address.host, address.control), timeout=5) as sock:
+        f = sock.makefile("rwb")
+        for line, code in [(b"not json\n", -32700), (b'{"id": 1}\n', -32600), (b"[1, 2]\n", -32600)]:
+            f.write(line)
+            f.flush()
+            assert json.loads(f.readline())["error"]["code"] == code
+        f.write(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "hello", "params": {"secret": address.secret}}).encode() + b"\n")
+        f.flush()
+        assert json.loads(f.readline())["result"]["width"] == 1
+        f.write(b'{"jsonrpc": "2.0", "id": 3, "method": "nope"}\n')
+        f.flush()
+        assert json.loads(f.readline())["error"]["code"] == -32601
+
+
+def test_a_closed_socket_makes_the_client_raise_at_once(bridge):
+    address = bridge(COUNTER, 1)
+    with ControlClient(address) as control:
+        claim = control.reset(seed=1)
+        ws = SlotClient(address, claim.token, recv_timeout=30)
+        for proc in bridge.processes:
+            proc.kill()
+        t0 = time.monotonic()
+        with pytest.raises(BridgeError, match="closed"):
+            ws.step(np.zeros(1, np.float32))
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(BridgeError):
+            control.result(claim.token)
+
+
+def test_an_unknown_token_is_refused_with_a_text_frame(bridge):
+    address = bridge(COUNTER, 1)
+    with pytest.raises(BridgeError, match="unknown or released token"):
+        SlotClient(address, "f" * 32)
+
+
+def test_the_bridge_exits_when_its_parent_dies(tmp_path):
+    import subprocess
+    import sys
+
+    announce = tmp_path / "child.json"
+    # a parent that starts a bridge and then dies at once (SIGKILL-like: os._exit)
+    code = (
+        "import subprocess, sys, time, os\n"
+        f"p = subprocess.Popen([sys.executable, '-m', 'pytest_hud.sim', {COUNTER!r}, '--announce', {str(announce)!r}])\n"
+        f"while not os.path.exists({str(announce)!r}): time.sleep(0.02)\n"
+        "print(p.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.strip())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            import os
+
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"bridge {pid} outlived its parent")
+    assert not announce.exists()  # and took its announce file (with the secret) with it

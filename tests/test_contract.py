@@ -1,0 +1,82 @@
+"""Contracts are derived from gym spaces, saved at explicit paths and validated on load."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from pytest_hud.contract import Contract, ContractError, derive_contract
+
+from simkit import image_state
+
+
+def derived_from(env):
+    obs, _ = env.reset(seed=0)
+    return derive_contract(env.observation_space, env.action_space, obs, env.metadata)
+
+
+def test_dict_observation_with_an_image_and_a_state_is_flattened_and_typed():
+    c = derived_from(image_state())
+    assert set(c.features) == {"pixels/top", "agent_pos", "action"}
+    cam, state, action = c.features["pixels/top"], c.features["agent_pos"], c.action
+    assert (cam.role, cam.type, cam.dtype, cam.shape) == ("observation", "rgb", "uint8", (8, 6, 3))
+    assert cam.names == ["height", "width", "channel"]
+    assert (state.type, state.dtype, state.shape, state.names) == ("state", "float32", (2,), ["agent_pos_0", "agent_pos_1"])
+    assert state.low == [-1.0, -1.0] and state.high == [1.0, 1.0]
+    assert (action.role, action.type, action.shape, action.low, action.high) == ("action", "box", (2,), [-2.0, -2.0], [2.0, 2.0])
+    assert c.control_rate == 15.0 and c.cameras == ["pixels/top"]
+
+
+def test_discrete_action_space_and_control_rate_override():
+    c = derive_contract(*(lambda e: (e.observation_space, e.action_space, e.reset(seed=0)[0], e.metadata))(gym.make("CartPole-v1")), control_rate=7)
+    assert c.action.type == "discrete" and c.action.low == [0.0] and c.action.high == [1.0]
+    assert c.control_rate == 7.0 and list(c.observation_features) == ["state"]
+    assert c.coerce_action(np.array([1.0], np.float32)) == 1
+    with pytest.raises(ContractError, match="outside"):
+        c.coerce_action(np.array([2]))
+    with pytest.raises(ContractError, match="integer"):
+        c.coerce_action(np.array([0.5]))
+
+
+def test_multi_discrete_and_multi_binary_actions():
+    from gymnasium import spaces
+    from pytest_hud.contract import action_feature
+
+    md = action_feature(spaces.MultiDiscrete([3, 4]))
+    assert md.type == "multi_discrete" and md.high == [2.0, 3.0]
+    mb = action_feature(spaces.MultiBinary(3))
+    assert mb.type == "multi_binary" and mb.shape == (3,)
+    with pytest.raises(ContractError, match="not supported"):
+        action_feature(spaces.Tuple([spaces.Discrete(2)]))
+
+
+def test_wrong_action_shape_names_both_shapes():
+    c = derived_from(image_state())
+    with pytest.raises(ContractError, match=r"shape \(3,\), contract says \(2,\)"):
+        c.coerce_action(np.zeros(3, np.float32))
+    with pytest.raises(ContractError, match="NaN"):
+        c.coerce_action(np.array([np.nan, 0], np.float32))
+
+
+def test_save_and_load_round_trip_at_an_explicit_path(tmp_path):
+    c = derived_from(image_state())
+    path = c.save(tmp_path / "nested" / "contract.json")
+    loaded = Contract.load(path)
+    assert loaded.to_dict() == c.to_dict()
+    loaded.check_matches(c)
+
+
+def test_a_loaded_contract_that_does_not_match_the_env_names_the_feature(tmp_path):
+    c = derived_from(image_state())
+    data = c.to_dict()
+    data["features"]["agent_pos"]["shape"] = [3]
+    data["features"]["agent_pos"]["names"] = ["a", "b", "c"]
+    with pytest.raises(ContractError, match=r"feature 'agent_pos': contract says shape \(3,\)"):
+        Contract.from_dict(data).check_matches(c)
+    del data["features"]["pixels/top"]
+    with pytest.raises(ContractError, match="pixels/top"):
+        Contract.from_dict(data).check_matches(c)
+
+
+def test_missing_contract_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ContractError, match="does not exist"):
+        Contract.load(tmp_path / "nope.json")
