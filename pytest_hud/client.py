@@ -227,7 +227,7 @@ class SlotClient:
             # __enter__ opens the connection on websockets >= 17.1 and returns it on older ones
             self._ws = connect(url, compression=None, max_size=MAX_FRAME_BYTES,
                                open_timeout=connect_timeout, close_timeout=2).__enter__()
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
             raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
         try:
             self.metadata = _decode_frame(self._recv(connect_timeout), "metadata")
@@ -289,7 +289,7 @@ class AsyncSlotClient:
         try:
             ws = await connect(url, compression=None, max_size=MAX_FRAME_BYTES,
                                open_timeout=connect_timeout, close_timeout=2, ping_interval=None)
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
             raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
         self = cls(ws, recv_timeout)
         try:

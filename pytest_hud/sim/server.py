@@ -85,6 +85,7 @@ class BridgeServer:
         self._sockets: dict[int, ServerConnection] = {}
         self._first_obs: dict[int, dict[str, np.ndarray]] = {}
         self._tick_task: asyncio.Task | None = None
+        self._ticking = False
         self._wave_task: asyncio.Task | None = None
         hold_action = np.asarray(sim.hold_action())
         self._hold_action = hold_action
@@ -372,7 +373,8 @@ class BridgeServer:
             waiter = loop.create_future()
             self._waiters[slot.index] = waiter
             slot.pending_action = action
-            self._maybe_tick()
+            if not self._ticking and self.registry.ready_to_step():
+                await self._tick()  # the last slot to act runs the tick itself: no extra task
             try:
                 frame = await waiter
             except _SlotFailed as exc:
@@ -402,10 +404,11 @@ class BridgeServer:
 
     # ------------------------------------------------------------------ tick
     def _maybe_tick(self) -> None:
-        if self._tick_task is None and self.registry.ready_to_step():
+        if not self._ticking and self.registry.ready_to_step():
             self._tick_task = asyncio.ensure_future(self._tick())
 
     async def _tick(self) -> None:
+        self._ticking = True
         try:
             async with self._sim_lock:
                 if not self.registry.ready_to_step() or self.broken:
@@ -416,7 +419,7 @@ class BridgeServer:
                     return  # a reset slot whose agent has not dialed yet must not be stepped
                 await self._step_once()
         finally:
-            self._tick_task = None
+            self._ticking = False
         self._maybe_tick()
 
     async def _step_once(self) -> None:

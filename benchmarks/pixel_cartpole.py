@@ -1,0 +1,24 @@
+"""CartPole-v1 whose observation is its own rendering, downsampled to 96x96 RGB (a pixel env)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class PixelObservation(gym.ObservationWrapper):
+    def __init__(self, env: gym.Env, size: int = 96) -> None:
+        super().__init__(env)
+        self.size = size
+        self.observation_space = spaces.Dict({"pixels": spaces.Box(0, 255, (size, size, 3), np.uint8)})
+
+    def observation(self, observation):
+        frame = self.env.render()
+        rows = np.linspace(0, frame.shape[0] - 1, self.size).astype(int)
+        cols = np.linspace(0, frame.shape[1] - 1, self.size).astype(int)
+        return {"pixels": np.ascontiguousarray(frame[rows][:, cols])}
+
+
+def make(size: int = 96) -> gym.Env:
+    return PixelObservation(gym.make("CartPole-v1", render_mode="rgb_array"), size)

@@ -1,0 +1,303 @@
+"""The plugin as users meet it: pytester runs in subprocesses, real bridges, xdist workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pytest_hud.results import load_results
+
+pytestmark = pytest.mark.timeout(240)
+
+SIMS = '''
+import gymnasium as gym
+
+class Success(gym.Wrapper):
+    """CartPole succeeds when it is still up at the time limit."""
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        info["is_success"] = bool(truncated and not terminated)
+        return obs, reward, terminated, truncated, info
+
+def cartpole(max_steps=60):
+    return Success(gym.make("CartPole-v1", max_episode_steps=max_steps))
+'''
+
+POLICIES = '''
+import numpy as np
+
+def balance():
+    return lambda obs: int(obs["state"][2] + 0.5 * obs["state"][3] > 0)
+
+def tilt():
+    """Weak on purpose: episode lengths then depend on the seed."""
+    return lambda obs: int(obs["state"][2] > 0)
+
+def pendulum_zero():
+    return lambda obs: np.zeros(1, np.float32)
+'''
+
+INI = """
+[pytest]
+hud_sim = sims:cartpole
+hud_policy = policies:balance
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(sims=SIMS, policies=POLICIES)
+    pytester.makeini(INI)
+    return pytester
+
+
+def run(pytester: pytest.Pytester, *args: str, timeout: float = 180) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=timeout)
+
+
+BALANCE = '''
+import pytest
+
+@pytest.mark.parametrize("seed", range(6))
+def test_balance(shared_sim, robot_agent, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed))
+    assert result.success
+'''
+
+
+def test_two_workers_share_a_bridge_and_junit_carries_episode_properties(project):
+    project.makepyfile(test_cartpole=BALANCE)
+    result = run(project, "-n", "2", "--hud-width=2", "--junitxml=junit.xml", "--hud-results=r.jsonl")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["*pytest-hud summary*", "*test_cartpole.py::test_balance*6*6*100.0%*",
+                                 "coverage: 6/6 declared episodes reported, 6 graded, 0 errors*"])
+    root = ET.parse(project.path / "junit.xml").getroot()
+    cases = root.findall(".//testcase")
+    assert len(cases) == 6
+    for case in cases:
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        assert props["task"] == "test_cartpole.py::test_balance"
+        assert props["success"] == "True" and props["steps"] == "60" and props["slot"] in ("0", "1")
+        assert props["seed"] == props["episode"]
+    results = load_results(project.path / "r.jsonl")
+    assert results.complete and len(results.episodes) == 6
+    assert {r.worker for r in results.episodes} == {"gw0", "gw1"}
+    prov = results.provenance
+    assert prov["policy"] == "policies:balance" and prov["policy_hash"].startswith("sha256:")
+    assert prov["width"] == 2 and "gymnasium" in prov["versions"]
+
+
+def test_no_xdist_runs_in_process(project):
+    project.makepyfile(test_cartpole=BALANCE)
+    result = run(project, "-p", "no:xdist")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["hud: sim=sims:cartpole width=1 workers=1*"])
+
+
+def test_a_killed_worker_is_an_error_its_slot_is_freed_and_the_rest_pass(project):
+    project.makepyfile(test_crash='''
+import os, pytest
+
+@pytest.mark.parametrize("seed", range(6))
+def test_episode(shared_sim, robot_agent, seed):
+    if seed == 2:
+        with shared_sim.episode(seed=seed) as ep:
+            os._exit(1)   # the worker dies holding a claimed slot
+    assert robot_agent.run(shared_sim.episode(seed=seed)).success
+''')
+    result = run(project, "-n", "2", "--hud-width=2", "--hud-results=r.jsonl")
+    result.assert_outcomes(passed=5, errors=1)
+    result.stdout.fnmatch_lines(["*coverage: 6/6 declared episodes reported, 5 graded, 1 errors*"])
+    records = {r.episode: r for r in load_results(project.path / "r.jsonl").episodes}
+    assert records["2"].outcome == "error" and "crashed" in records["2"].error
+    assert all(records[s].outcome == "passed" for s in "01345")
+
+
+def test_numpy_scalars_recorded_by_users_cross_the_xdist_channel(project):
+    project.makepyfile(test_props='''
+import numpy as np, pytest
+
+@pytest.mark.parametrize("seed", range(2))
+def test_props(shared_sim, robot_agent, record_property, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed))
+    record_property("mean_obs", np.float32(0.5))
+    record_property("flags", np.array([1, 2], dtype=np.int64))
+    assert result.success
+''')
+    result = run(project, "-n", "2", "--junitxml=j.xml")
+    result.assert_outcomes(passed=2)
+    text = (project.path / "j.xml").read_text()
+    assert 'name="mean_obs" value="0.5"' in text and 'value="[1, 2]"' in text
+
+
+def test_two_sims_in_one_session_get_two_bridges(project):
+    project.makepyfile(test_two='''
+import pytest
+
+@pytest.mark.parametrize("seed", range(2))
+def test_cartpole(shared_sim, robot_agent, seed):
+    assert robot_agent.run(shared_sim.episode(seed=seed)).success
+    pytest.cartpole_pid = shared_sim.stats()["pid"]
+
+@pytest.mark.hud(sim="Pendulum-v1", policy="policies:pendulum_zero", max_steps=5)
+@pytest.mark.parametrize("seed", range(2))
+def test_pendulum(shared_sim, robot_agent, record_property, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed))
+    assert result.steps == 5 and shared_sim.contract.action.type == "box"
+    assert shared_sim.stats()["pid"] != getattr(pytest, "cartpole_pid", None)
+    record_property("bridge_pid", shared_sim.stats()["pid"])
+''')
+    result = run(project, "-p", "no:xdist", "--hud-results=r.jsonl")
+    result.assert_outcomes(passed=4)
+    tasks = load_results(project.path / "r.jsonl").summary["tasks"]
+    assert set(tasks) == {"test_two.py::test_cartpole", "test_two.py::test_pendulum"}
+
+
+DETERMINISM = '''
+import pytest
+
+@pytest.mark.hud(policy="policies:tilt")
+@pytest.mark.parametrize("seed", range(8))
+def test_tilt(shared_sim, robot_agent, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed))
+    assert result.success
+'''
+
+
+def _per_episode(path) -> dict:
+    return {(r.task, r.episode): (r.outcome, r.steps, r.total_reward, r.score)
+            for r in load_results(path).episodes}
+
+
+def test_per_episode_results_are_identical_under_any_workers_and_width(project):
+    project.makepyfile(test_det=DETERMINISM)
+    runs = {
+        "n0": ["-p", "no:xdist"],
+        "n2w2": ["-n", "2", "--hud-width=2"],
+        "n4w2": ["-n", "4", "--hud-width=2"],
+        "n4w4": ["-n", "4", "--hud-width=4"],
+    }
+    seen = {}
+    for name, args in runs.items():
+        result = run(project, *args, f"--hud-results={name}.jsonl")
+        assert result.ret in (0, 1), result.stdout.str()
+        seen[name] = _per_episode(project.path / f"{name}.jsonl")
+    reference = seen["n0"]
+    assert len(reference) == 8
+    assert len({steps for _, steps, _, _ in reference.values()}) > 1  # the seeds really differ
+    for name, episodes in seen.items():
+        assert episodes == reference, name
+
+
+def test_results_file_keeps_every_finished_episode_when_the_run_is_killed(project):
+    project.makepyfile(test_slow='''
+import time, pytest
+
+@pytest.mark.parametrize("seed", range(40))
+def test_slow(shared_sim, robot_agent, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed))
+    time.sleep(0.15)
+    assert result.success
+''')
+    results = project.path / "r.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", f"--hud-results={results}", "-v"],
+        cwd=project.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    passed = 0
+    deadline = time.monotonic() + 120
+    while passed < 5 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        passed += " PASSED" in line
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    loaded = load_results(results)
+    assert not loaded.complete
+    assert len(loaded.episodes) >= passed >= 5
+    assert all(r.outcome == "passed" for r in loaded.episodes)
+
+
+def test_an_unknown_sim_is_a_usage_error(project):
+    project.makepyfile(test_x=BALANCE)
+    result = run(project, "-p", "no:xdist", "--hud-sim=NoSuchEnv-v9")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--hud-sim: unknown sim target 'NoSuchEnv-v9'*"])
+
+
+def test_a_policy_error_is_an_error_not_a_failure(project):
+    project.makepyfile(test_bad='''
+import pytest
+
+@pytest.mark.hud(policy="policies:does_not_exist")
+def test_bad(shared_sim, robot_agent):
+    robot_agent.run(shared_sim.episode(seed=0))
+
+def test_failed_assertion_is_a_failure(shared_sim, robot_agent):
+    result = robot_agent.run(shared_sim.episode(seed=0))
+    assert result.steps > 1000
+''')
+    result = run(project, "-p", "no:xdist", "--junitxml=j.xml")
+    result.assert_outcomes(failed=1, errors=1)
+    root = ET.parse(project.path / "j.xml").getroot()
+    assert len(root.findall(".//error")) == 1 and len(root.findall(".//failure")) == 1
+
+
+def test_async_tests_use_arun_under_pytest_asyncio(project):
+    project.makepyfile(test_async='''
+import pytest
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("seed", range(2))
+async def test_async(shared_sim, robot_agent, seed):
+    result = await robot_agent.arun(shared_sim.episode(seed=seed))
+    assert result.success and result.steps == 60
+''')
+    result = run(project, "-p", "no:xdist")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_dead_bridge_is_replaced_and_later_episodes_run(project):
+    project.makepyfile(test_replace='''
+import os, signal, pytest
+
+@pytest.mark.parametrize("seed", range(4))
+def test_episode(shared_sim, robot_agent, seed):
+    if seed == 1:
+        with shared_sim.episode(seed=seed) as ep:
+            os.kill(shared_sim.stats()["pid"], signal.SIGKILL)
+            robot_agent.run(ep)
+    assert robot_agent.run(shared_sim.episode(seed=seed)).success
+''')
+    result = run(project, "-p", "no:xdist", "--hud-results=r.jsonl")
+    result.assert_outcomes(passed=3, errors=1)
+    records = {r.episode: r for r in load_results(project.path / "r.jsonl").episodes}
+    assert records["1"].outcome == "error" and "slot" in records["1"].error
+
+
+def test_fixtures_are_documented(project):
+    result = run(project, "--fixtures", "-p", "no:xdist")
+    result.stdout.fnmatch_lines(["*shared_sim*", "*handle on the shared simulator bridge*",
+                                 "*robot_agent*", "*policy harness*"])
+
+
+def test_disabling_the_plugin_with_p_no_hud(project):
+    project.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    result = run(project, "-p", "no:hud")
+    result.assert_outcomes(passed=1)
+    assert "pytest-hud" not in result.stdout.str()
+
+
+def test_attach_to_a_bridge_someone_else_started(project, bridge):
+    address = bridge(f"{project.path / 'sims.py'}:cartpole", 1)
+    announce = project.path / "announce.json"
+    announce.write_text(json.dumps(address.to_dict()))
+    project.makepyfile(test_cartpole=BALANCE)
+    result = run(project, "-p", "no:xdist", f"--hud-sim-url={announce}")
+    result.assert_outcomes(passed=6)

@@ -1,0 +1,507 @@
+"""Statistics behind the summary and the gate: exact values by hand, and error rates by simulation.
+
+Monte-Carlo tests use a seeded numpy Generator, so they are deterministic; tolerances are about three
+standard errors of the simulated rate, so a test that is anti-conservative by a few points fails.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from pytest_hud.stats import (
+    SequentialTest,
+    binom_cdf,
+    binom_pmf,
+    binom_sf,
+    boschloo_exact_one_sided,
+    episodes_needed,
+    episodes_needed_for_floor,
+    fisher_exact_one_sided,
+    holm,
+    holm_adjusted,
+    mcnemar_exact_one_sided,
+    minimum_detectable_drop,
+    paired_noninferiority_exact,
+    paired_power,
+    sequential_decision,
+    sequential_log_evalues,
+    unpaired_noninferiority_exact,
+    unpaired_power,
+    wilson_interval,
+)
+
+ALPHA = 0.05
+
+
+def three_se(rate: float, sims: int) -> float:
+    return 3.0 * math.sqrt(rate * (1.0 - rate) / sims)
+
+
+# --------------------------------------------------------------------------------------------------
+# binomial building blocks
+# --------------------------------------------------------------------------------------------------
+
+
+def test_binomial_pmf_cdf_and_sf_match_hand_values() -> None:
+    # Bin(5, 0.3): P(X = 2) = C(5,2) 0.3^2 0.7^3 = 10 * 0.09 * 0.343
+    assert binom_pmf(2, 5, 0.3) == pytest.approx(0.3087, rel=1e-12)
+    # Bin(4, 1/2): P(X <= 1) = (1 + 4) / 16, P(X > 1) = (6 + 4 + 1) / 16
+    assert binom_cdf(1, 4, 0.5) == pytest.approx(5 / 16, rel=1e-12)
+    assert binom_sf(1, 4, 0.5) == pytest.approx(11 / 16, rel=1e-12)
+    assert binom_cdf(-1, 4, 0.5) == 0.0 and binom_cdf(4, 4, 0.5) == 1.0
+    assert binom_sf(4, 4, 0.5) == 0.0 and binom_sf(-1, 4, 0.5) == 1.0
+
+
+def test_binomial_tails_keep_their_digits_far_out() -> None:
+    # P(X = 0) for Bin(1000, 1/2) is 2^-1000 ~ 9.3e-302: a linear-space sum or 1 - cdf would give 0.
+    assert binom_cdf(0, 1000, 0.5) == pytest.approx(2.0**-1000, rel=1e-9)
+    assert binom_sf(999, 1000, 0.5) == pytest.approx(2.0**-1000, rel=1e-9)
+
+
+def test_binomial_handles_certain_events() -> None:
+    assert binom_pmf(0, 7, 0.0) == 1.0
+    assert binom_pmf(7, 7, 1.0) == 1.0
+    assert binom_pmf(3, 7, 1.0) == 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Wilson interval
+# --------------------------------------------------------------------------------------------------
+
+
+def test_wilson_interval_for_8_of_10_is_the_textbook_value() -> None:
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx(0.4902, abs=5e-5)
+    assert high == pytest.approx(0.9433, abs=5e-5)
+
+
+def test_wilson_interval_edges() -> None:
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0 and 0.0 < high < 0.35
+    low, high = wilson_interval(10, 10)
+    assert high == 1.0 and 0.65 < low < 1.0
+
+
+def test_wilson_interval_widens_with_confidence_and_narrows_with_n() -> None:
+    assert wilson_interval(8, 10, 0.99)[0] < wilson_interval(8, 10, 0.95)[0]
+    assert wilson_interval(80, 100)[1] - wilson_interval(80, 100)[0] < 0.2
+    assert wilson_interval(80, 100)[0] > wilson_interval(8, 10)[0]
+
+
+@pytest.mark.parametrize("args", [(11, 10), (-1, 10), (3, -1)])
+def test_wilson_interval_rejects_impossible_counts(args: tuple[int, int]) -> None:
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(*args)
+
+
+def test_floor_episode_count_makes_the_upper_bound_drop_below_the_floor() -> None:
+    needed = episodes_needed_for_floor(0.5, 0.6)
+    assert needed is not None
+    assert wilson_interval(needed // 2, 2 * (needed // 2))[1] == pytest.approx(0.6, abs=0.005)
+    assert wilson_interval(needed, 2 * needed)[1] < 0.6 < wilson_interval(needed // 4, 2 * (needed // 4))[1]
+    assert episodes_needed_for_floor(0.7, 0.6) is None
+
+
+# --------------------------------------------------------------------------------------------------
+# exact tests
+# --------------------------------------------------------------------------------------------------
+
+
+def test_mcnemar_counts_only_discordant_pairs() -> None:
+    # 8 worse, 1 better: P(X >= 8 | Bin(9, 1/2)) = (C(9,8) + C(9,9)) / 2^9 = 10/512
+    assert mcnemar_exact_one_sided(8, 1) == 10 / 512
+    assert mcnemar_exact_one_sided(5, 0) == 1 / 32
+    # 3 worse, 3 better: (C(6,3) + C(6,4) + C(6,5) + C(6,6)) / 64 = 42/64
+    assert mcnemar_exact_one_sided(3, 3) == 42 / 64
+    assert mcnemar_exact_one_sided(0, 5) == 1.0
+    assert mcnemar_exact_one_sided(0, 0) == 1.0
+
+
+def test_mcnemar_large_counts_agree_with_the_log_space_tail() -> None:
+    # n = 2000 uses exact integers; binom_sf is the log-space path used beyond that.
+    assert mcnemar_exact_one_sided(1060, 940) == pytest.approx(binom_sf(1059, 2000, 0.5), rel=1e-9)
+    assert 0.0 < mcnemar_exact_one_sided(1100, 950) < 0.001
+
+
+def test_fisher_one_sided_small_tables_by_hand() -> None:
+    # new 1/5 vs base 5/5: 6 successes in total; the new arm has at least 1 of them, and the observed
+    # table is the only one as extreme: C(5,1) C(5,5) / C(10,6) = 5/210 = 1/42.
+    assert fisher_exact_one_sided(1, 5, 5, 5) == pytest.approx(1 / 42, rel=1e-12)
+    # new 2/6 vs base 5/6: 7 successes; x_new in {1, 2}: (C(6,1)C(6,6) + C(6,2)C(6,5)) / C(12,7)
+    # = (6 + 90) / 792 = 4/33.
+    assert fisher_exact_one_sided(2, 6, 5, 6) == pytest.approx(4 / 33, rel=1e-12)
+    # A better new policy is no evidence of a drop.
+    assert fisher_exact_one_sided(5, 5, 1, 5) == pytest.approx(1.0)
+    assert fisher_exact_one_sided(0, 0, 3, 5) == 1.0
+
+
+def test_boschloo_by_hand_on_tiny_tables() -> None:
+    # new 0/1 vs base 1/1: only that table has Fisher p <= 1/2, so p = max_pi (1 - pi) pi = 1/4.
+    assert boschloo_exact_one_sided(0, 1, 1, 1) == pytest.approx(0.25, abs=1e-9)
+    # new 0/2 vs base 2/2: Fisher says 1/6; the region is that table alone, max (1-pi)^2 pi^2 = 1/16.
+    assert fisher_exact_one_sided(0, 2, 2, 2) == pytest.approx(1 / 6)
+    assert boschloo_exact_one_sided(0, 2, 2, 2) == pytest.approx(1 / 16, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        # Cross-checked with scipy 1.17 stats.boschloo_exact([[s_new, s_base], [f_new, f_base]], "less").
+        ((30, 50, 40, 50), 0.017601001148428),
+        ((60, 100, 75, 100), 0.014062708873170),
+        ((11, 14, 2, 2), 0.419104725057446),
+    ],
+)
+def test_boschloo_matches_reference_values(table: tuple[int, int, int, int], expected: float) -> None:
+    assert boschloo_exact_one_sided(*table) == pytest.approx(expected, rel=1e-6)
+
+
+def test_boschloo_is_never_less_powerful_than_fisher() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        n_new, n_base = (int(v) for v in rng.integers(1, 40, 2))
+        s_new, s_base = int(rng.integers(0, n_new + 1)), int(rng.integers(0, n_base + 1))
+        assert boschloo_exact_one_sided(s_new, n_new, s_base, n_base) <= fisher_exact_one_sided(
+            s_new, n_new, s_base, n_base
+        ) + 1e-12
+
+
+def test_boschloo_is_fast_at_500_episodes_per_side() -> None:
+    start = time.perf_counter()
+    p = boschloo_exact_one_sided(400, 500, 430, 500)
+    assert time.perf_counter() - start < 2.0
+    assert p == pytest.approx(0.00622207, rel=1e-4)  # below Fisher's 0.00723
+
+
+def test_noninferiority_tests_by_hand_with_one_episode() -> None:
+    # Unpaired, base 1/1 vs new 0/1, tolerance 0.1: only the observed table is as extreme, so
+    # p = max over p_base in [0.1, 1] of p_base * (1 - (p_base - 0.1)) = (1.1 / 2)^2.
+    assert unpaired_noninferiority_exact(0, 1, 1, 1, 0.1) == pytest.approx(0.3025, abs=1e-6)
+    # Paired, one pair that got worse: p = max P(worse) = (1 - 0.1) / 2 + 0.1 = 0.55.
+    assert paired_noninferiority_exact(1, 0, 1, 0.1) == pytest.approx(0.55, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        # Cross-checked by brute force (restricted MLE by scipy.optimize, 4001-point grid supremum).
+        (("unpaired", 5, 10, 9, 10, 0.1), 0.0830467816),
+        (("unpaired", 12, 20, 18, 20, 0.05), 0.0397446421),
+        (("paired", 4, 0, 10, 0.05), 0.0427201626),
+        (("paired", 5, 1, 12, 0.1), 0.1754094335),
+    ],
+)
+def test_noninferiority_tests_match_brute_force(args: tuple, expected: float) -> None:
+    kind, *counts = args
+    test = unpaired_noninferiority_exact if kind == "unpaired" else paired_noninferiority_exact
+    assert test(*counts) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_drop_within_the_tolerance_is_not_significant() -> None:
+    # 16 of 400 pairs got worse, none better: a 4-point drop. Without tolerance that is decisive...
+    assert mcnemar_exact_one_sided(16, 0) < 1e-4
+    # ...with a 5-point tolerance it is nothing.
+    assert paired_noninferiority_exact(16, 0, 400, 0.05) > 0.5
+    # Unpaired: 45/50 vs 47/50 is a 4-point drop.
+    assert unpaired_noninferiority_exact(45, 50, 47, 50, 0.05) > 0.5
+    # And a larger tolerance never makes the evidence stronger.
+    wider, narrower = (unpaired_noninferiority_exact(30, 50, 45, 50, margin) for margin in (0.1, 0.0))
+    assert wider > narrower
+
+
+# --------------------------------------------------------------------------------------------------
+# Holm
+# --------------------------------------------------------------------------------------------------
+
+
+def test_holm_adjusts_step_down() -> None:
+    # Sorted 0.01, 0.03, 0.04 -> 3*0.01, 2*0.03, max(0.06, 1*0.04) = 0.03, 0.06, 0.06
+    adjusted = holm_adjusted({"a": 0.01, "b": 0.04, "c": 0.03})
+    assert adjusted == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03}, alpha=0.05) == {"a": True, "b": False, "c": False}
+
+
+def test_holm_rejects_what_bonferroni_would_not() -> None:
+    # Bonferroni: 2 * 0.04 = 0.08 > 0.05. Holm: a at 2 * 0.02 = 0.04, then b at 1 * 0.04.
+    assert holm({"a": 0.02, "b": 0.04}, alpha=0.05) == {"a": True, "b": True}
+    assert holm({"only": 0.049}) == {"only": True}
+    assert holm({"x": 0.6, "y": 0.9}) == {"x": False, "y": False}
+    assert holm_adjusted({}) == {}
+
+
+def test_holm_caps_at_one_and_refuses_non_probabilities() -> None:
+    assert holm_adjusted({"a": 0.6, "b": 0.7}) == {"a": 1.0, "b": 1.0}
+    with pytest.raises(ValueError, match="'a'"):
+        holm_adjusted({"a": 1.5})
+
+
+# --------------------------------------------------------------------------------------------------
+# power, minimum detectable drop, episodes needed
+# --------------------------------------------------------------------------------------------------
+
+
+def test_exact_paired_power_by_hand() -> None:
+    # Every pair discordant and worse: 5 pairs give p = 1/32 <= 0.05, 4 pairs can at best give 1/16.
+    assert paired_power(5, 1.0, discordance=1.0) == pytest.approx(1.0)
+    assert paired_power(4, 1.0, discordance=1.0) == 0.0
+    # Half the pairs discordant, all worse: rejection needs all 5 discordant: 0.5^5.
+    assert paired_power(5, 0.5, discordance=0.5) == pytest.approx(1 / 32)
+
+
+def test_minimum_detectable_drop_and_episodes_needed_agree() -> None:
+    for paired in (True, False):
+        n = episodes_needed(0.15, baseline_rate=0.85, paired=paired)
+        assert n is not None and 20 < n < 300
+        assert minimum_detectable_drop(n, baseline_rate=0.85, paired=paired) <= 0.15 + 1e-3
+        assert minimum_detectable_drop(n // 2, baseline_rate=0.85, paired=paired) > 0.15
+
+
+def test_minimum_detectable_drop_shrinks_with_n_and_with_agreement() -> None:
+    drops = [minimum_detectable_drop(n, baseline_rate=0.8, paired=True) for n in (10, 50, 200)]
+    assert drops[0] > drops[1] > drops[2]
+    # Seeded sims that mostly agree with themselves detect smaller drops than independent runs.
+    assert minimum_detectable_drop(100, baseline_rate=0.8, paired=True, discordance=0.05) < drops[1] / 2
+    # Ten episodes cannot see a 10-point drop; a strict level makes it worse.
+    assert minimum_detectable_drop(10, baseline_rate=0.9, paired=False) > 0.4
+    assert math.isinf(minimum_detectable_drop(3, baseline_rate=0.9, paired=True))
+
+
+def test_episodes_needed_refuses_impossible_requests() -> None:
+    # A 30-episode baseline cannot support detecting 10 points at 80% power, however large the run.
+    assert episodes_needed(0.1, baseline_rate=0.9, paired=False, n_baseline=30) is None
+    assert episodes_needed(0.1, baseline_rate=0.9, paired=False, n_baseline=300) is not None
+    with pytest.raises(ValueError, match="max_drop"):
+        episodes_needed(0.05, baseline_rate=0.9, paired=True, max_drop=0.05)
+    with pytest.raises(ValueError, match="baseline_rate"):
+        episodes_needed(0.5, baseline_rate=0.3, paired=True)
+
+
+def test_unpaired_power_at_the_minimum_detectable_drop_is_about_the_target() -> None:
+    """Simulate Boschloo's test at the drop the (normal) planning formula says it detects 80% of the time."""
+    rng = np.random.default_rng(11)
+    n, p0 = 50, 0.8
+    drop = minimum_detectable_drop(n, baseline_rate=p0, paired=False)
+    sims = 1500
+    new = rng.binomial(n, p0 - drop, sims)
+    base = rng.binomial(n, p0, sims)
+    cache: dict[tuple[int, int], bool] = {}
+    flagged = 0
+    for s_new, s_base in zip(new.tolist(), base.tolist()):
+        if (s_new, s_base) not in cache:
+            cache[s_new, s_base] = boschloo_exact_one_sided(s_new, n, s_base, n) <= ALPHA
+        flagged += cache[s_new, s_base]
+    power = flagged / sims
+    print(f"unpaired n={n}, {p0:.0%} -> {p0 - drop:.1%}: simulated Boschloo power {power:.3f} (target 0.8)")
+    assert 0.72 <= power <= 0.9
+    assert unpaired_power(n, n, drop, baseline_rate=p0) == pytest.approx(0.8, abs=0.01)
+
+
+# --------------------------------------------------------------------------------------------------
+# Monte Carlo: false alarms under identical success rates, and power
+# --------------------------------------------------------------------------------------------------
+
+
+def paired_runs(rng: np.random.Generator, sims: int, n: int, p_base: float, p_new: float, agree: float = 0.0):
+    """(baseline, current) success arrays; with ``agree`` the current run copies the baseline episode."""
+    base = rng.random((sims, n)) < p_base
+    fresh = rng.random((sims, n)) < p_new
+    # Copying keeps the marginal rate only when both rates are equal; used for null scenarios only.
+    copy = rng.random((sims, n)) < agree
+    return base, np.where(copy, base, fresh)
+
+
+def mcnemar_critical_table(n: int, alpha: float) -> np.ndarray:
+    """For each number of discordant pairs d, the fewest worse pairs that the exact test flags."""
+    table = np.full(n + 1, n + 2)
+    for d in range(1, n + 1):
+        for worse in range(d // 2, d + 1):
+            if mcnemar_exact_one_sided(worse, d - worse) <= alpha:
+                table[d] = worse
+                break
+    return table
+
+
+@pytest.mark.parametrize(("rate", "agree"), [(0.8, 0.0), (0.5, 0.0), (0.85, 0.7)])
+def test_paired_test_false_alarm_rate_is_at_most_alpha(rate: float, agree: float) -> None:
+    rng = np.random.default_rng(1)
+    sims, n = 6000, 60
+    base, cur = paired_runs(rng, sims, n, rate, rate, agree)
+    worse = (base & ~cur).sum(axis=1)
+    better = (cur & ~base).sum(axis=1)
+    flagged = np.mean([mcnemar_exact_one_sided(int(w), int(b)) <= ALPHA for w, b in zip(worse, better)])
+    print(f"paired, {rate:.0%} vs {rate:.0%}, agree={agree}: false-alarm rate {flagged:.4f}")
+    assert flagged <= ALPHA + three_se(ALPHA, sims)
+    assert flagged > 0.005  # a test that never fires would pass the line above too
+
+
+@pytest.mark.parametrize("rate", [0.7, 0.9])
+def test_unpaired_test_false_alarm_rate_is_at_most_alpha(rate: float) -> None:
+    rng = np.random.default_rng(2)
+    sims, n_new, n_base = 4000, 40, 30
+    new = rng.binomial(n_new, rate, sims).tolist()
+    base = rng.binomial(n_base, rate, sims).tolist()
+    cache: dict[tuple[int, int], float] = {}
+    for key in set(zip(new, base)):
+        cache[key] = boschloo_exact_one_sided(key[0], n_new, key[1], n_base)
+    flagged = np.mean([cache[key] <= ALPHA for key in zip(new, base)])
+    print(f"unpaired (Boschloo), {rate:.0%} vs {rate:.0%}: false-alarm rate {flagged:.4f}")
+    assert flagged <= ALPHA + three_se(ALPHA, sims)
+    assert flagged > 0.01
+
+
+def test_noninferiority_false_alarm_rate_at_the_tolerance_is_at_most_alpha() -> None:
+    rng = np.random.default_rng(3)
+    sims, n, margin = 3000, 40, 0.1
+    new = rng.binomial(n, 0.7 - margin, sims).tolist()
+    base = rng.binomial(n, 0.7, sims).tolist()
+    cache = {key: unpaired_noninferiority_exact(key[0], n, key[1], n, margin) for key in set(zip(new, base))}
+    flagged_unpaired = np.mean([cache[key] <= ALPHA for key in zip(new, base)])
+    # Paired at the boundary: P(worse) - P(better) = margin exactly.
+    pb = 0.1
+    outcome = rng.choice(3, size=(sims, n), p=[pb + margin, pb, 1 - 2 * pb - margin])
+    worse = (outcome == 0).sum(axis=1).tolist()
+    better = (outcome == 1).sum(axis=1).tolist()
+    cache_p = {key: paired_noninferiority_exact(key[0], key[1], n, margin) for key in set(zip(worse, better))}
+    flagged_paired = np.mean([cache_p[key] <= ALPHA for key in zip(worse, better)])
+    print(f"non-inferiority at the tolerance: unpaired {flagged_unpaired:.4f}, paired {flagged_paired:.4f}")
+    assert flagged_unpaired <= ALPHA + three_se(ALPHA, sims)
+    assert flagged_paired <= ALPHA + three_se(ALPHA, sims)
+    assert min(flagged_unpaired, flagged_paired) > 0.01
+
+
+def test_power_to_flag_90_to_75_percent_with_100_paired_episodes() -> None:
+    rng = np.random.default_rng(4)
+    sims, n = 4000, 100
+    base, cur = paired_runs(rng, sims, n, 0.9, 0.75)  # independent runs: the least helpful pairing
+    worse = (base & ~cur).sum(axis=1)
+    better = (cur & ~base).sum(axis=1)
+    power = float(np.mean([mcnemar_exact_one_sided(int(w), int(b)) <= ALPHA for w, b in zip(worse, better)]))
+    exact = paired_power(n, 0.15, baseline_rate=0.9)
+    print(f"power to flag 90% -> 75% with {n} paired episodes: simulated {power:.3f}, exact {exact:.3f}")
+    assert power >= 0.75
+    assert power == pytest.approx(exact, abs=three_se(exact, sims))
+
+
+# --------------------------------------------------------------------------------------------------
+# sequential test
+# --------------------------------------------------------------------------------------------------
+
+
+def first_decisions(base: np.ndarray, cur: np.ndarray, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+    """Stop at the first crossing of either boundary.
+
+    Returns the decision (+1 regression, -1 pass, 0 none) and the pairs used, per simulation.
+    """
+    alpha, beta = kwargs.pop("alpha", ALPHA), kwargs.pop("beta", 0.2)
+    n = base.shape[1]
+    worse = np.cumsum(base & ~cur, axis=1)
+    better = np.cumsum(cur & ~base, axis=1)
+    concordant = np.arange(1, n + 1)[None, :] - worse - better
+    log_reg, log_pass = sequential_log_evalues(worse, better, concordant, **kwargs)
+    never = n + 1
+    reg = log_reg >= -math.log(alpha)
+    ok = log_pass >= -math.log(beta)
+    t_reg = np.where(reg.any(axis=1), reg.argmax(axis=1), never)
+    t_pass = np.where(ok.any(axis=1), ok.argmax(axis=1), never)
+    decision = np.where((t_reg <= t_pass) & (t_reg < never), 1, np.where(t_pass < never, -1, 0))
+    return decision, np.minimum(np.minimum(t_reg, t_pass) + 1, n)
+
+
+def test_sequential_false_alarm_rate_stays_below_alpha_while_naive_peeking_does_not() -> None:
+    rng = np.random.default_rng(5)
+    sims, n = 3000, 300
+    base, cur = paired_runs(rng, sims, n, 0.8, 0.8)
+    # Anytime-valid test, checked after every pair, never told to stop on "pass".
+    worse = np.cumsum(base & ~cur, axis=1)
+    better = np.cumsum(cur & ~base, axis=1)
+    log_reg, _ = sequential_log_evalues(worse, better, np.arange(1, n + 1) - worse - better)
+    ever = float(np.mean((log_reg >= -math.log(ALPHA)).any(axis=1)))
+    # The mistake it replaces: re-running the fixed-n exact McNemar after every pair.
+    critical = mcnemar_critical_table(n, ALPHA)
+    naive = float(np.mean((worse >= critical[worse + better]).any(axis=1)))
+    print(f"ever flagged in {n} pairs at 80% vs 80%: e-process {ever:.4f}, peeking McNemar {naive:.4f}")
+    assert ever <= ALPHA + three_se(ALPHA, sims)
+    assert naive > 2 * ALPHA
+
+
+def test_sequential_pass_side_rarely_passes_a_real_drop() -> None:
+    # At a drop of exactly detect_drop the pass e-process is a test martingale: P(pass) <= beta.
+    rng = np.random.default_rng(6)
+    sims, n = 3000, 300
+    base, cur = paired_runs(rng, sims, n, 0.9, 0.8)
+    decision, _ = first_decisions(base, cur, detect_drop=0.1)
+    passed = float(np.mean(decision == -1))
+    print(f"90% -> 80% with detect_drop=0.1: passed {passed:.3f}, flagged {np.mean(decision == 1):.3f}")
+    assert passed <= 0.2 + three_se(0.2, sims)
+    assert np.mean(decision == 1) > 0.6
+
+
+def test_sequential_stops_early_on_clear_cases() -> None:
+    rng = np.random.default_rng(8)
+    base, cur = paired_runs(rng, 1000, 300, 0.9, 0.5)
+    decision, used = first_decisions(base, cur)
+    assert np.mean(decision == 1) > 0.99 and np.median(used) < 40
+    base, cur = paired_runs(rng, 1000, 300, 0.9, 0.9, agree=0.8)
+    decision, used = first_decisions(base, cur)
+    assert np.mean(decision == -1) > 0.95 and np.median(used) < 120
+
+
+def test_sequential_decision_thresholds() -> None:
+    # max_drop=0: concordant pairs carry no evidence; 0 discordant pairs decide nothing.
+    assert sequential_decision(0, 0, 0) == "undecided"
+    assert sequential_decision(0, 0, 5000) == "pass"  # 5000 identical episodes: no 10-point drop
+    assert sequential_decision(12, 0, 0) == "regression"  # mixture e-value ~ 70 > 1/0.05
+    assert sequential_decision(5, 0, 0) == "undecided"  # 1/32 for McNemar, but not anytime-valid evidence
+    log_reg, _ = sequential_log_evalues(3, 1, 50)
+    log_reg_more_concordant, _ = sequential_log_evalues(3, 1, 500)
+    assert float(log_reg) == pytest.approx(float(log_reg_more_concordant))
+    # With a tolerance, agreement counts against "regression".
+    with_tol, _ = sequential_log_evalues(3, 1, 500, max_drop=0.05)
+    assert float(with_tol) < float(log_reg)
+    with pytest.raises(ValueError, match="detect_drop"):
+        sequential_log_evalues(1, 1, 1, max_drop=0.1, detect_drop=0.05)
+
+
+def test_sequential_test_object_latches_its_first_decision() -> None:
+    test = SequentialTest(alpha=0.05, paired=True)
+    for _ in range(12):
+        decision = test.update(current=False, baseline=True)
+    assert decision == "regression" and test.worse == 12
+    for _ in range(200):
+        test.update(current=True, baseline=False)  # evidence turns around; the decision stands
+    assert test.decide() == "regression"
+    with pytest.raises(ValueError, match="baseline"):
+        test.update(current=True)
+
+
+def test_unpaired_sequential_test_pairs_arrivals_first_in_first_out() -> None:
+    test = SequentialTest(paired=False)
+    for _ in range(3):
+        test.update(current=False)
+    assert test.n_pairs == 0  # nothing to pair with yet
+    test.update(baseline=True)
+    test.update(baseline=True)
+    assert (test.worse, test.better, test.concordant) == (2, 0, 0)
+    test.update(current=True, baseline=True)
+    # Queue was [F] current, then T current and T baseline: F pairs with T (worse), T waits.
+    assert (test.worse, test.better, test.concordant) == (3, 0, 0)
+    assert test.evalues[0] > 1.0
+
+
+def test_record_scores_in_declared_order_whatever_the_completion_order() -> None:
+    order = ["e0", "e1", "e2", "e3"]
+    test = SequentialTest(order=order)
+    test.record("e2", current=False, baseline=True)
+    test.record("e1", current=True, baseline=True)
+    assert test.n_pairs == 0  # e0 still running: nothing scored out of order
+    test.record("e0", current=None)  # e0 errored: skipped, not scored
+    assert (test.worse, test.concordant) == (1, 1)
+    test.record("e3", current=True, baseline=False)
+    assert (test.worse, test.better, test.concordant) == (1, 1, 1)
+    with pytest.raises(ValueError, match="order"):
+        SequentialTest().record("e0", True, True)
