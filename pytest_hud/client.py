@@ -211,7 +211,7 @@ def _action_frame(action: Any) -> bytes:
 
 
 class SlotClient:
-    """Blocking WebSocket client for one claimed slot.
+    """Blocking WebSocket client for one claimed slot (no background thread: see :mod:`.wsconn`).
 
     ``recv_timeout`` bounds every wait for an observation (peers may hold a tick while their model
     warms up, so it defaults to the bridge's first-action timeout plus a margin).
@@ -219,19 +219,17 @@ class SlotClient:
 
     def __init__(self, address: BridgeAddress | str, token: str | None, *,
                  connect_timeout: float = 30.0, recv_timeout: float = 360.0) -> None:
-        from websockets.sync.client import connect
+        from .wsconn import BlockingWebSocket
 
         url = address.ws_url if isinstance(address, BridgeAddress) else address
         self.recv_timeout = recv_timeout
         try:
-            # __enter__ opens the connection on websockets >= 17.1 and returns it on older ones
-            self._ws = connect(url, compression=None, max_size=MAX_FRAME_BYTES,
-                               open_timeout=connect_timeout, close_timeout=2).__enter__()
+            self._ws = BlockingWebSocket(url, MAX_FRAME_BYTES, connect_timeout)
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
             raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
         try:
             self.metadata = _decode_frame(self._recv(connect_timeout), "metadata")
-            self._ws.send(packb({"claim": token}))
+            self._send(packb({"claim": token}))
             self.first_observation = _decode_frame(self._recv(connect_timeout), "first observation")
         except BaseException:
             self.close()
@@ -239,30 +237,30 @@ class SlotClient:
 
     def _recv(self, timeout: float) -> Any:
         try:
-            return self._ws.recv(timeout=timeout)
+            return self._ws.recv(timeout)
         except TimeoutError:
             raise BridgeError(f"bridge sent nothing for {timeout:g} s") from None
         except ConnectionClosed as exc:
             raise _closed(exc) from None
 
-    def step(self, action: Any) -> dict[str, Any]:
-        """Send one action (``[A]``), return the next observation frame."""
+    def _send(self, data: bytes) -> None:
         try:
-            self._ws.send(_action_frame(action))
+            self._ws.send(data)
         except ConnectionClosed as exc:
             # the bridge may have failed the slot just before: its error frame is still buffered
             try:
-                late = self._ws.recv(timeout=0)
-            except Exception:  # noqa: BLE001
+                late = self._ws.recv(0.5)
+            except (ConnectionClosed, TimeoutError):
                 raise _closed(exc) from None
             raise BridgeError(late if isinstance(late, str) else str(_closed(exc))) from None
+
+    def step(self, action: Any) -> dict[str, Any]:
+        """Send one action (``[A]``), return the next observation frame."""
+        self._send(_action_frame(action))
         return _decode_frame(self._recv(self.recv_timeout), "observation")
 
     def close(self) -> None:
-        try:
-            self._ws.close()
-        except Exception:  # noqa: BLE001 - closing a dead socket is fine
-            pass
+        self._ws.close()
 
     def __enter__(self) -> SlotClient:
         return self

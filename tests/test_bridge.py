@@ -195,12 +195,12 @@ def test_a_sim_exception_sends_error_frames_and_marks_the_bridge_broken(bridge, 
 
         def drive(claim):
             def go():
-                with SlotClient(address, claim.token) as ws:
-                    try:
+                try:  # a slot that dials after the explosion is refused at once, also with the reason
+                    with SlotClient(address, claim.token) as ws:
                         for _ in range(5):
                             ws.step(np.zeros(1, np.float32))
-                    except BridgeError as exc:
-                        errors.append(str(exc))
+                except BridgeError as exc:
+                    errors.append(str(exc))
             return go
 
         run_threads(drive(ca), drive(cb))

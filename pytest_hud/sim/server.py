@@ -303,7 +303,7 @@ class BridgeServer:
                 if slot.state is SlotState.LIVE:
                     # A clean close is an agent that stopped (max_steps, should_stop); anything
                     # else (a killed worker, a dropped socket) is an error.
-                    rcvd = ws.close_rcvd
+                    rcvd = ws.protocol.close_rcvd
                     clean = rcvd is not None and rcvd.code in (1000, 1001)
                     self._end_slot(slot, error=None if clean else
                                    f"slot {slot.index}: agent disconnected mid-episode")

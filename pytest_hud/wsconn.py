@@ -1,0 +1,125 @@
+"""A blocking WebSocket client connection with no background thread.
+
+websockets' own sync client hands every message from a receiving thread to the caller, which costs
+a thread switch (and GIL contention) per observation. An episode is strictly request/response, so
+this connection drives websockets' sans-I/O :class:`~websockets.client.ClientProtocol` from the
+calling thread: send an action, read the socket until the next message, done.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import deque
+
+from websockets.client import ClientProtocol
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.frames import Opcode
+from websockets.http11 import Response
+from websockets.protocol import State
+from websockets.uri import parse_uri
+
+__all__ = ["BlockingWebSocket"]
+
+
+class BlockingWebSocket:
+    """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP socket."""
+
+    def __init__(self, url: str, max_size: int, open_timeout: float = 30.0) -> None:
+        uri = parse_uri(url)
+        if uri.secure:
+            raise InvalidURI(url, "wss:// is not supported by the slot client; bridges are plain loopback")
+        self._protocol = ClientProtocol(uri, max_size=max_size)
+        self._messages: deque[bytes | str] = deque()
+        self._fragments: list[bytes] = []
+        self._fragment_text = False
+        deadline = time.monotonic() + open_timeout
+        self._sock = socket.create_connection((uri.host, uri.port), timeout=open_timeout)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self._protocol.send_request(self._protocol.connect())
+            self._flush()
+            while self._protocol.state is State.CONNECTING:
+                self._read(max(0.0, deadline - time.monotonic()))
+            if self._protocol.state is not State.OPEN:
+                raise InvalidHandshake(f"handshake with {url} failed: {self._protocol.handshake_exc}")
+        except BaseException:
+            self._sock.close()
+            raise
+
+    # ------------------------------------------------------------------ I/O
+    def _flush(self) -> None:
+        data = self._protocol.data_to_send()
+        if data:
+            self._sock.sendall(b"".join(data))
+
+    def _read(self, timeout: float) -> None:
+        if timeout <= 0:
+            raise TimeoutError("timed out")
+        self._sock.settimeout(timeout)
+        try:
+            data = self._sock.recv(262144)
+        except (ConnectionResetError, BrokenPipeError):
+            data = b""
+        if data:
+            self._protocol.receive_data(data)
+        else:
+            self._protocol.receive_eof()
+        for event in self._protocol.events_received():
+            if isinstance(event, Response):
+                continue  # the handshake response: state moves to OPEN (or CLOSED)
+            opcode = event.opcode
+            if opcode in (Opcode.TEXT, Opcode.BINARY):
+                self._fragment_text = opcode is Opcode.TEXT
+                self._fragments = [event.data]
+            elif opcode is Opcode.CONT:
+                self._fragments.append(event.data)
+            else:
+                continue  # ping/pong/close are answered by the protocol itself
+            if event.fin:
+                payload = b"".join(self._fragments)
+                self._messages.append(payload.decode() if self._fragment_text else payload)
+                self._fragments = []
+        self._flush()  # pongs and the closing handshake
+        if not data:
+            self._sock.close()
+
+    def recv(self, timeout: float) -> bytes | str:
+        """The next message; raises ``TimeoutError`` or ``ConnectionClosed``."""
+        deadline = time.monotonic() + timeout
+        while not self._messages:
+            if self._protocol.state is State.CLOSED or self._sock.fileno() < 0:
+                raise self._protocol.close_exc
+            try:
+                self._read(deadline - time.monotonic())
+            except TimeoutError:
+                raise
+            except OSError:
+                self._protocol.receive_eof()
+                raise self._protocol.close_exc from None
+        return self._messages.popleft()
+
+    def send(self, data: bytes) -> None:
+        if self._protocol.state is not State.OPEN:
+            raise self._protocol.close_exc
+        self._protocol.send_binary(data)
+        try:
+            self._flush()
+        except OSError:
+            self._protocol.receive_eof()
+            raise self._protocol.close_exc from None
+
+    def close(self) -> None:
+        if self._sock.fileno() < 0:
+            return
+        try:
+            if self._protocol.state is State.OPEN:
+                self._protocol.send_close(1000)
+                self._flush()
+                deadline = time.monotonic() + 2.0
+                while self._protocol.state is not State.CLOSED and self._sock.fileno() >= 0:
+                    self._read(deadline - time.monotonic())
+        except (OSError, TimeoutError, ConnectionClosed):
+            pass
+        finally:
+            self._sock.close()
