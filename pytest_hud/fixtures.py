@@ -266,11 +266,13 @@ def shared_sim(request: pytest.FixtureRequest) -> SharedSim:
 def robot_agent(request: pytest.FixtureRequest) -> RobotAgent:
     """The policy harness: ``robot_agent.run(shared_sim.episode(seed=s))`` returns the result.
 
-    The policy comes from ``@pytest.mark.hud(policy=...)``, ``--hud-policy`` or ``hud_policy``;
+    The policy comes from ``--hud-policy`` on the command line, else ``@pytest.mark.hud(policy=...)``,
+    else the ``hud_policy`` ini key;
     ``max_steps`` from the marker or ``--hud-max-steps``. The model loads once per worker.
     """
     session = _session(request)
     marks = hud_settings(request.node)
     max_steps = marks.get("max_steps", session.settings.get("max_steps"))
-    return RobotAgent(session, marks.get("policy") or session.settings.get("policy"),
+    policy = session.settings.get("policy_cli") or marks.get("policy") or session.settings.get("policy")
+    return RobotAgent(session, policy,
                       int(max_steps) if max_steps else None)

@@ -64,6 +64,7 @@ __all__ = [
     "floor_for",
     "gate_passed",
     "load_gate_file",
+    "outcomes_from_records",
 ]
 
 VerdictKind = Literal["pass", "regression", "inconclusive", "insufficient coverage"]
@@ -557,4 +558,30 @@ def load_gate_file(text: str, *, source: str = "gate file") -> dict[str, Any]:
         GateConfig(**out)  # one place for the range rules
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
+    return out
+
+
+def outcomes_from_records(records: Iterable[Any], declared: Mapping[str, int] | None = None) -> dict[str, TaskOutcomes]:
+    """The gate's view of episode records (anything with task, episode, outcome, success).
+
+    Only the last record of each (task, episode) counts (reruns and resumes append). Errored
+    episodes are left out of the success map and counted as errors; skipped episodes (a task that
+    sequential mode decided early) count as neither and are not expected in ``declared`` either.
+    """
+    latest: dict[tuple[str, str], Any] = {}
+    for rec in records:
+        latest[(rec.task, str(rec.episode))] = rec
+    out: dict[str, TaskOutcomes] = {task: TaskOutcomes({}, 0, int(n)) for task, n in (declared or {}).items()}
+    skipped: dict[str, int] = {}
+    for (task, episode), rec in latest.items():
+        outcomes = out.setdefault(task, TaskOutcomes({}, 0, 0))
+        if rec.outcome == "error":
+            outcomes.errors += 1
+        elif rec.outcome == "skipped":
+            skipped[task] = skipped.get(task, 0) + 1
+        elif rec.outcome in ("passed", "failed") and rec.success is not None:
+            outcomes.successes[episode] = bool(rec.success)
+    for task, outcomes in out.items():
+        outcomes.declared = max(outcomes.declared, outcomes.n + outcomes.errors + skipped.get(task, 0))
+        outcomes.declared -= skipped.get(task, 0)
     return out

@@ -14,6 +14,7 @@ types; a crash, timeout or sim error is reported as an *error*, never as a faile
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 import time
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from . import __version__
-from .fixtures import EPISODES_KEY, HudSession, robot_agent, shared_sim  # noqa: F401
+from .fixtures import EPISODES_KEY, HudSession, hud_settings, robot_agent, shared_sim  # noqa: F401
 from .results import EpisodeRecord, ResultsWriter, aggregate, to_builtin
 
 __all__ = ["HudController", "worker_session"]
@@ -45,6 +46,13 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
     "max_steps": (int, None, "Stop and grade an episode after this many steps"),
     "n_action_steps": (int, None, "Actions executed from each predicted chunk before re-planning"),
     "vectorization": (str, "sync", "How bridges vectorize single envs: sync or async"),
+    "baseline": (str, None, "Gate against this results file from an earlier run (the last good checkpoint)"),
+    "gate": (str, None, "YAML gate file: alpha, max_drop, min_coverage, per-task min_success floors"),
+    "alpha": (float, None, "Family-wise false-alarm rate of the gate across tasks (default 0.05)"),
+    "max_drop": (float, None, "Tolerated drop in success rate; smaller drops never fail (default 0)"),
+    "min_coverage": (float, None, "Fraction of declared episodes that must finish without error (default 0.9)"),
+    "sequential": (bool, False, "Stop running a task's episodes once the gate has decided it (anytime-valid)"),
+    "resume": (str, None, "Reuse finished episodes of this results file instead of running them again"),
 }
 
 
@@ -53,9 +61,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("hud", "pytest-hud robot-policy evaluation")
     for name, (typ, default, help_) in OPTIONS.items():
         flag = "--hud-" + name.replace("_", "-")
-        group.addoption(flag, dest=f"hud_{name}", default=None, type=typ if typ is not bool else None,
-                        help=f"{help_}. Ini: hud_{name}" + (f" (default {default})" if default is not None else ""))
-        parser.addini(f"hud_{name}", help_, default=None)
+        extra = f". Ini: hud_{name}" + (f" (default {default})" if default not in (None, False) else "")
+        if typ is bool:
+            group.addoption(flag, dest=f"hud_{name}", action="store_true", default=None, help=help_ + extra)
+            parser.addini(f"hud_{name}", help_, type="bool", default=None)
+        else:
+            group.addoption(flag, dest=f"hud_{name}", default=None, type=typ, help=help_ + extra)
+            parser.addini(f"hud_{name}", help_, default=None)
 
 
 def get_option(config: pytest.Config, name: str) -> Any:
@@ -66,6 +78,8 @@ def get_option(config: pytest.Config, name: str) -> Any:
         value = config.getini(f"hud_{name}")
         if value in (None, "", []):
             return default
+        if typ is bool:
+            return bool(value)
         try:
             value = typ(value)
         except ValueError:
@@ -74,7 +88,10 @@ def get_option(config: pytest.Config, name: str) -> Any:
 
 
 def _settings(config: pytest.Config) -> dict[str, Any]:
-    return {name: get_option(config, name) for name in OPTIONS}
+    settings = {name: get_option(config, name) for name in OPTIONS}
+    # --hud-policy on the command line beats the marker: evaluate another checkpoint on a suite as-is.
+    settings["policy_cli"] = config.getoption("hud_policy", None)
+    return settings
 
 
 def _num_workers(config: pytest.Config) -> int:
@@ -107,6 +124,14 @@ def _validate(config: pytest.Config, settings: dict[str, Any]) -> None:
             policy_kind(settings["policy"])
         except PolicyError as exc:
             raise pytest.UsageError(f"--hud-policy: {exc}") from None
+    for key in ("baseline", "resume"):
+        if settings[key]:
+            from .results import load_results
+
+            try:
+                load_results(settings[key])
+            except ValueError as exc:
+                raise pytest.UsageError(f"--hud-{key}: {exc}") from None
     if settings["sim_url"] and not Path(settings["sim_url"]).is_file():
         raise pytest.UsageError(
             f"--hud-sim-url {settings['sim_url']!r}: no such announce file; start a bridge with "
@@ -193,14 +218,45 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     hud = worker_session(config)
     if hud is None:
         return
-    declared = [episode_identity(item) for item in items if is_episode_item(item)]
+    declared = []
+    for item in items:
+        if is_episode_item(item):
+            ident = episode_identity(item)
+            floor = hud_settings(item).get("min_success")
+            if floor is not None:
+                ident["min_success"] = float(floor)
+            declared.append(ident)
     if declared:
         hud.pool_call("declare", episodes=declared, worker=hud.worker)
+
+
+def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
+    """What an episode's result depends on besides its seed: resume reuses only exact matches."""
+    from .agent.model import policy_content_hash
+
+    marks = hud_settings(item)
+    policy = hud.settings.get("policy_cli") or marks.get("policy") or hud.settings.get("policy")
+    cache = hud.__dict__.setdefault("_policy_hashes", {})
+    if policy not in cache:
+        try:
+            cache[policy] = policy_content_hash(policy) if policy else None
+        except Exception:  # noqa: BLE001 - an unhashable policy is simply never reused
+            cache[policy] = None
+    return {"plugin_version": __version__, "policy": policy, "policy_hash": cache[policy],
+            "sim": marks.get("sim") or hud.settings.get("sim"), "build": marks.get("build") or {},
+            "max_steps": marks.get("max_steps", hud.settings.get("max_steps"))}
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     hud = worker_session(item.config)
+    if hud is not None and is_episode_item(item) and hud.settings.get("resume"):
+        ident = episode_identity(item)
+        record = hud.pool_call("resume_lookup", task=ident["task"], episode=ident["episode"],
+                               identity=run_identity(item, hud))
+        if record:
+            _replay(item, record)
+            return True
     if hud is not None:
         hud.current_item = item
     try:
@@ -208,6 +264,38 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     finally:
         if hud is not None:
             hud.current_item = None
+
+
+def _replay(item: pytest.Item, record: dict[str, Any]) -> None:
+    """Report a reused episode with its recorded outcome, without running it."""
+    from _pytest.reports import TestReport
+
+    ihook = item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    record = dict(record, reused=True, nodeid=item.nodeid)
+    for when in ("setup", "call", "teardown"):
+        failed = when == "call" and record["outcome"] == "failed"
+        report = TestReport(
+            item.nodeid, item.location, {}, "failed" if failed else "passed",
+            "reused from an earlier run (--hud-resume): the episode failed there" if failed else None,
+            when, [], 0.0,
+            user_properties=[("reused", True)] if when == "call" else [],
+        )
+        if when == "call":
+            report.hud_episode = record
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    hud = worker_session(item.config)
+    if hud is None or not hud.settings.get("sequential") or not is_episode_item(item):
+        return
+    task = episode_identity(item)["task"]
+    decision = hud.pool_call("sequential", task=task)
+    if decision and decision != "undecided":
+        pytest.skip(f"sequential gate already decided {task}: {decision}")
 
 
 def _is_failure(excinfo: Any) -> bool:
@@ -256,6 +344,7 @@ def _episode_record(item: pytest.Item, call: pytest.CallInfo, report: pytest.Tes
         error = f"{call.excinfo.typename}: {call.excinfo.value}"[:2000]
     record: dict[str, Any] = {
         **ident,
+        "identity": run_identity(item, hud),
         "outcome": outcome,
         "success": {"passed": True, "failed": False}.get(outcome),
         "worker": f"gw{hud.worker}" if hasattr(item.config, "workerinput") else "main",
@@ -314,14 +403,27 @@ class HudController:
         self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach)
         self.service_host = "127.0.0.1"
         self.service = PoolService(self.pool, self.secret, self.service_host,
-                                   extra_methods={"declare": self._declare})
+                                   extra_methods={"declare": self._declare, "sequential": self._sequential,
+                                                  "resume_lookup": self._resume_lookup})
         self.provenance = self._provenance()
         self.writer: ResultsWriter | None = None
         if settings["results"]:
             path = Path(settings["results"])
             if not path.is_absolute():
                 path = config.invocation_params.dir / path
-            self.writer = ResultsWriter(path, self.provenance, self.run_id)
+            resuming_here = bool(settings["resume"]) and Path(settings["resume"]).resolve() == path.resolve()
+            self.writer = ResultsWriter(path, self.provenance, self.run_id, append=resuming_here)
+        self.gate_config = _gate_config(config, settings)
+        self.baseline = None
+        if settings["baseline"]:
+            from .results import load_results
+
+            self.baseline = load_results(settings["baseline"])
+        self.floors: dict[str, float] = {}
+        self.verdicts: list[Any] | None = None
+        self.other_failures = 0
+        self._sequential_tests: dict[str, Any] = {}
+        self._resumable = _resume_index(settings["resume"]) if settings["resume"] else {}
 
     # ------------------------------------------------------------ plumbing
     def worker_settings(self) -> dict[str, Any]:
@@ -335,7 +437,52 @@ class HudController:
         with self._lock:
             for ep in episodes:
                 self.declared.setdefault(ep["nodeid"], ep)
+                if ep.get("min_success") is not None:
+                    self.floors[ep["task"]] = float(ep["min_success"])
             return len(self.declared)
+
+    def _resume_lookup(self, task: str, episode: str, identity: dict[str, Any]) -> dict[str, Any] | None:
+        record = self._resumable.get((task, str(episode)))
+        if record is None or to_builtin(record.identity) != to_builtin(identity):
+            return None
+        return record.to_dict()
+
+    # ------------------------------------------------------------ sequential
+    def _sequential(self, task: str) -> str:
+        with self._lock:
+            test = self._sequential_tests.get(task)
+            return test.decide() if test is not None else "undecided"
+
+    def _baseline_successes(self) -> dict[str, dict[str, bool]]:
+        if self.baseline is None:
+            return {}
+        cached = self.__dict__.get("_base_succ")
+        if cached is None:
+            from .gate import outcomes_from_records
+
+            cached = {t: o.successes for t, o in outcomes_from_records(self.baseline.latest_episodes()).items()}
+            self.__dict__["_base_succ"] = cached
+        return cached
+
+    def _feed_sequential(self, record: EpisodeRecord) -> None:
+        """Paired, in declared order: each finished episode updates its task's anytime-valid test."""
+        base = self._baseline_successes().get(record.task)
+        if not self.settings["sequential"] or base is None or record.outcome == "skipped" or (record.reused and not self.settings["sequential"]):
+            return
+        test = self._sequential_tests.get(record.task)
+        if test is None:
+            from .stats import SequentialTest
+
+            order = [d["episode"] for d in self.declared.values() if d["task"] == record.task and d["episode"] in base]
+            tasks = {d["task"] for d in self.declared.values()} & set(self._baseline_successes())
+            cfg = self.gate_config
+            # Bonferroni across the compared tasks keeps the family-wise rate <= alpha.
+            test = SequentialTest(alpha=cfg.alpha / max(1, len(tasks)), max_drop=cfg.max_drop,
+                                  detect_drop=cfg.detect_drop, paired=True, order=order)
+            self._sequential_tests[record.task] = test
+        if record.episode in base:
+            current = None if record.outcome == "error" else bool(record.success)
+            test.record(record.episode, current, base[record.episode])
 
     def _provenance(self) -> dict[str, Any]:
         from importlib import metadata
@@ -380,6 +527,8 @@ class HudController:
                 record.worker = worker.id
             self._add(record)
             return
+        if report.failed and report.nodeid not in self.declared:
+            self.other_failures += 1  # an ordinary test failed: the gate does not excuse that
         if report.failed and report.when not in ("setup", "call", "teardown"):
             # xdist's report for an item whose worker crashed mid-test ("???")
             ident = self.declared.get(report.nodeid)
@@ -396,6 +545,7 @@ class HudController:
             self.records[record.nodeid] = record
             if self.writer is not None:
                 self.writer.episode(record)
+            self._feed_sequential(record)
 
     # ------------------------------------------------------------- summary
     def declared_by_task(self) -> dict[str, int]:
@@ -421,10 +571,92 @@ class HudController:
             "missing": missing,
         }
 
-    @pytest.hookimpl(trylast=True)
+    @property
+    def gated(self) -> bool:
+        return bool(self.baseline is not None or self.settings["gate"] or self.floors)
+
+    def evaluate_gate(self) -> list[Any] | None:
+        """Verdicts per task (None when no baseline, gate file or floor is configured)."""
+        if not self.gated:
+            return None
+        from dataclasses import replace
+
+        from .gate import Verdict, evaluate_gate, outcomes_from_records
+
+        current = outcomes_from_records(self.records.values(), self.declared_by_task())
+        base = None
+        if self.baseline is not None:
+            declared = {t: s.declared - s.skipped for t, s in self.baseline.tasks().items()}
+            base = outcomes_from_records(self.baseline.latest_episodes(), declared)
+        floors = {**self.gate_config.floors, **self.floors}  # marker floors are exact task ids: they win
+        verdicts = evaluate_gate(current, base, replace(self.gate_config, floors=floors))
+        for i, v in enumerate(verdicts):
+            test = self._sequential_tests.get(v.task)
+            decision = test.decide() if test is not None else "undecided"
+            if decision != "undecided" and v.verdict != "insufficient coverage":
+                verdicts[i] = Verdict(
+                    task=v.task, verdict="regression" if decision == "regression" else "pass",
+                    test="sequential", current_rate=v.current_rate, baseline_rate=v.baseline_rate,
+                    n_current=v.n_current, n_baseline=v.n_baseline, n_pairs=test.n_pairs,
+                    discordant=(test.worse, test.better), drop=v.drop, floor=v.floor,
+                    reason=f"sequential test decided after {test.n_pairs} paired episodes "
+                           f"({test.worse} worse, {test.better} better)",
+                    errors=v.errors, declared=v.declared, coverage=None,
+                )
+        return verdicts
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if self.writer is not None and (self.records or self.declared):
-            self.writer.summary(self.tasks(), self.coverage(), self.provenance)
+        from .gate import gate_passed
+
+        self.verdicts = self.evaluate_gate()
+        if self.verdicts is not None:
+            passed = gate_passed(self.verdicts) and not self.other_failures
+            if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+                # Failed episodes are data: the gate, not single episodes, decides the run.
+                session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
+            self._junit_gate_cases()
+        gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
+        if self.records or self.declared:
+            self._step_summary()
+            if self.writer is not None:
+                self.writer.summary(self.tasks(), self.coverage(), self.provenance, gate)
+
+    def verdict_dicts(self) -> dict[str, dict[str, Any]] | None:
+        return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}
+
+    def _junit_gate_cases(self) -> None:
+        """One JUnit testcase per task for the gate's verdict (CI dashboards show them)."""
+        from _pytest.junitxml import xml_key
+        from _pytest.reports import TestReport
+
+        xml = self.config.stash.get(xml_key, None)
+        if xml is None or not self.verdicts:
+            return
+        for v in self.verdicts:
+            failed = v.failed
+            nodeid = f"hud-gate::{v.task}"
+            props = [(k, val) for k, val in v.to_dict().items() if val is not None and not isinstance(val, list)]
+            for when in ("setup", "call", "teardown"):
+                report = TestReport(nodeid, ("hud-gate", None, v.task), {},
+                                    "failed" if failed and when == "call" else "passed",
+                                    f"{v.verdict}: {v.reason}" if failed and when == "call" else None,
+                                    when, [], 0.0, user_properties=props if when == "teardown" else [])
+                xml.pytest_runtest_logreport(report)
+
+    def _step_summary(self) -> None:
+        """Append the markdown summary to $GITHUB_STEP_SUMMARY (GitHub Actions' job page)."""
+        path = os.environ.get("GITHUB_STEP_SUMMARY")
+        if not path:
+            return
+        from .report.markdown import summary_markdown
+
+        text = summary_markdown(self.tasks(), self.verdict_dicts(), self.coverage(), title="pytest-hud results")
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(text.rstrip() + "\n\n")
+        except OSError as exc:
+            self.config.issue_config_time_warning(pytest.PytestWarning(f"cannot write $GITHUB_STEP_SUMMARY: {exc}"), 2)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         s = self.settings
@@ -441,7 +673,8 @@ class HudController:
 
         tr = terminalreporter
         tr.write_sep("=", "pytest-hud summary")
-        for line in summary_lines(self.tasks()):
+        verdicts = self.verdict_dicts()
+        for line in summary_lines(self.tasks(), verdicts):
             tr.write_line(line)
         cov = self.coverage()
         text = (f"coverage: {cov['reported']}/{cov['declared']} declared episodes reported, "
@@ -453,6 +686,22 @@ class HudController:
             tr.write_line(text, yellow=bool(cov["errors"]))
         if self.writer is not None:
             tr.write_line(f"results: {self.writer.path}")
+        if self.verdicts is not None:
+            from .gate import gate_passed
+
+            for v in self.verdicts:
+                if v.verdict != "pass":
+                    tr.write_line(f"gate: {v.verdict.upper()} {v.task}: {v.reason}",
+                                  red=v.failed, yellow=not v.failed)
+            ok = gate_passed(self.verdicts)
+            base = f" against {self.settings['baseline']}" if self.settings["baseline"] else ""
+            kinds: dict[str, int] = {}
+            for v in self.verdicts:
+                kinds[v.verdict] = kinds.get(v.verdict, 0) + 1
+            counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+            tr.write_line(f"gate{base}: {'PASSED' if ok else 'FAILED'} ({counts})"
+                          + ("; other tests failed" if self.other_failures else ""),
+                          green=ok and not self.other_failures, red=not ok or bool(self.other_failures), bold=True)
 
     def stop(self) -> None:
         self.service.close()
@@ -484,3 +733,35 @@ def _git_revision(root: Path) -> dict[str, Any] | None:
     except (OSError, subprocess.SubprocessError):
         return None
 
+
+
+def _gate_config(config: pytest.Config, settings: dict[str, Any]):
+    """The gate's settings: the YAML gate file, then command-line/ini overrides."""
+    from .gate import GateConfig, load_gate_file
+
+    data: dict[str, Any] = {}
+    if settings["gate"]:
+        path = Path(settings["gate"])
+        if not path.is_absolute():
+            path = config.invocation_params.dir / path
+        try:
+            data = load_gate_file(path.read_text(encoding="utf-8"), source=str(path))
+        except FileNotFoundError:
+            raise pytest.UsageError(f"--hud-gate: {path} does not exist") from None
+        except ValueError as exc:
+            raise pytest.UsageError(f"--hud-gate: {exc}") from None
+    for key in ("alpha", "max_drop", "min_coverage"):
+        if settings[key] is not None:
+            data[key] = settings[key]
+    try:
+        return GateConfig(**data)
+    except (TypeError, ValueError) as exc:
+        raise pytest.UsageError(f"gate settings: {exc}") from None
+
+
+def _resume_index(path: str) -> dict[tuple[str, str], EpisodeRecord]:
+    """Finished episodes (passed or failed; errors run again) of a results file, by (task, episode)."""
+    from .results import load_results
+
+    return {(r.task, str(r.episode)): r for r in load_results(path).latest_episodes()
+            if r.outcome in ("passed", "failed")}

@@ -1,0 +1,181 @@
+"""Command line: ``python -m pytest_hud report RESULTS [--compare BASELINE] [--markdown]``.
+
+    python -m pytest_hud report results.jsonl                       # the per-task table
+    python -m pytest_hud report results.jsonl --compare base.jsonl  # + the gate: exit 1 on regression
+    python -m pytest_hud report results.jsonl --markdown >> "$GITHUB_STEP_SUMMARY"
+    python -m pytest_hud report results.jsonl --html report.html    # the standalone HTML page too
+
+``--compare`` runs the same gate as ``pytest --hud-baseline`` (:func:`pytest_hud.gate.evaluate_gate`
+with the same options), on the latest record of each episode in both files; errored episodes are
+not successes or failures but count against coverage. Exit status: 0, or 1 when the gate fails
+(a regression or insufficient coverage; inconclusive too with ``--strict``), or 2 when a file is
+missing or not a pytest-hud results file, or an option is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .gate import GateConfig, TaskOutcomes, Verdict, evaluate_gate, gate_passed
+from .report.table import gate_verdicts
+from .results import Results, load_results
+
+__all__ = ["main", "task_outcomes"]
+
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
+
+
+def task_outcomes(results: Results) -> dict[str, TaskOutcomes]:
+    """The gate's view of a results file: per task, episode id → success, errors, declared count.
+
+    Only the latest record of each episode counts (reruns and resumes append). Errored episodes are
+    left out of the success map and counted as errors; skipped episodes (sequential mode decided
+    the task early) count as neither and are not expected in ``declared`` either.
+    """
+    tasks = results.tasks()
+    out: dict[str, TaskOutcomes] = {}
+    for task, summary in tasks.items():
+        out[task] = TaskOutcomes(successes={}, errors=0, declared=max(0, summary.declared - summary.skipped))
+    for rec in results.latest_episodes():
+        outcomes = out[rec.task]
+        if rec.outcome == "error":
+            outcomes.errors += 1
+        elif rec.outcome in ("passed", "failed") and rec.success is not None:
+            outcomes.successes[str(rec.episode)] = bool(rec.success)
+    return out
+
+
+class InputError(Exception):
+    """A results file that is missing or not ours, or an invalid option: exit status 2."""
+
+
+def _load(path: str, what: str) -> Results:
+    try:
+        results = load_results(path)
+    except ValueError as exc:  # load_results names the file and the line
+        raise InputError(f"{what}: {exc}") from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise InputError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from None
+    if not results.complete:
+        print(f"note: {path} has no summary line (a killed or running pytest?); using the episodes it has",
+              file=sys.stderr)
+    return results
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_hud",
+        description="pytest-hud tools for results files (pytest-hud/results/1).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    report = sub.add_parser(
+        "report",
+        help="Print a results file's per-task table, compare it with a baseline, render markdown",
+        description="Print the per-task summary of RESULTS; with --compare, run the regression gate "
+                    "against BASELINE (exit 1 when it fails).",
+    )
+    report.add_argument("results", metavar="RESULTS", help="Results file written by pytest --hud-results")
+    report.add_argument("--compare", dest="baseline", metavar="BASELINE", default=None,
+                        help="Baseline results file to gate against (same statistics as --hud-baseline)")
+    report.add_argument("--markdown", dest="markdown", action="store_true",
+                        help="Print GitHub-flavoured markdown instead of the terminal table")
+    report.add_argument("--alpha", dest="alpha", type=float, default=0.05,
+                        help="Family-wise false-alarm rate of the gate across tasks (default 0.05)")
+    report.add_argument("--max-drop", dest="max_drop", type=float, default=0.0,
+                        help="Tolerated drop in success rate, as a fraction (0.05 = 5 points; default 0)")
+    report.add_argument("--min-coverage", dest="min_coverage", type=float, default=0.9,
+                        help="Fraction of declared episodes that must finish without error (default 0.9)")
+    report.add_argument("--strict", dest="strict", action="store_true",
+                        help="Fail on inconclusive verdicts too")
+    report.add_argument("--width", dest="width", type=int, default=None,
+                        help="Table width in characters (default: the terminal's)")
+    report.add_argument("--html", dest="html", metavar="PATH", default=None,
+                        help="Also write the standalone HTML page (summary, chart, episodes, videos) to PATH")
+    report.add_argument("--self-contained", dest="self_contained", action="store_true",
+                        help="With --html: inline the videos into the page")
+    return parser
+
+
+def _text_report(results: Results, verdicts: Mapping[str, Any] | None, baseline: Results | None,
+                 width: int) -> list[str]:
+    from .report.table import summary_lines, verdict_dict
+
+    lines = [f"results: {results.path}" + ("" if results.complete else " (incomplete)")]
+    if baseline is not None:
+        lines.append(f"baseline: {baseline.path}" + ("" if baseline.complete else " (incomplete)"))
+    lines += summary_lines(results.tasks(), verdicts, width=width)
+    if verdicts:
+        lines.append("")
+        for task, verdict in verdicts.items():
+            v = verdict_dict(verdict) or {}
+            kind, reason = v.get("verdict", "-"), v.get("reason")
+            lines.append(f"{kind}: {task}: {reason}" if reason else f"{kind}: {task}")
+    return lines
+
+
+def report(args: argparse.Namespace) -> int:
+    """The ``report`` command; returns the exit status."""
+    results = _load(args.results, "RESULTS")
+    baseline = _load(args.baseline, "BASELINE") if args.baseline else None
+    gate: list[Verdict] | None = None
+    verdicts: Mapping[str, Any] | None
+    if baseline is None:
+        # A run made with --hud-baseline carries its gate's verdicts: show them, decide nothing.
+        verdicts = gate_verdicts((results.summary or {}).get("gate")) or None
+    else:
+        try:
+            config = GateConfig(alpha=args.alpha, max_drop=args.max_drop, min_coverage=args.min_coverage)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        gate = evaluate_gate(task_outcomes(results), task_outcomes(baseline), config)
+        verdicts = {v.task: v for v in gate}
+
+    if args.markdown:
+        from .report.markdown import comparison_markdown, summary_markdown
+
+        summary = results.summary or {}
+        if baseline is None:
+            text = summary_markdown(results.tasks(), verdicts, coverage=summary.get("coverage"))
+        else:
+            text = comparison_markdown(results.tasks(), baseline.tasks(), verdicts)
+        sys.stdout.write(text)
+    else:
+        width = args.width or shutil.get_terminal_size((110, 24)).columns
+        print("\n".join(_text_report(results, verdicts, baseline, width)))
+
+    if args.html:
+        from .report.html import write_standalone_page
+
+        path = write_standalone_page(args.html, results, verdicts=verdicts,
+                                     self_contained=args.self_contained)
+        print(f"html: {path}", file=sys.stderr)
+
+    if gate is not None:
+        passed = gate_passed(gate, strict=args.strict)
+        if not args.markdown:
+            failing = [v for v in gate if not gate_passed([v], strict=args.strict)]
+            print("gate: PASS" if passed else f"gate: FAIL ({len(failing)} of {len(gate)} tasks)")
+        return EXIT_OK if passed else EXIT_REGRESSION
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m pytest_hud``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "report":
+            return report(args)
+    except InputError as exc:
+        print(f"python -m pytest_hud {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # `... | head` closed the pipe: not an error worth a traceback
+        return EXIT_OK
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
