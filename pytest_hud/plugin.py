@@ -247,23 +247,20 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
             "max_steps": marks.get("max_steps", hud.settings.get("max_steps"))}
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     hud = worker_session(item.config)
-    if hud is not None and is_episode_item(item) and hud.settings.get("resume"):
+    if hud is None:
+        return None
+    if is_episode_item(item) and hud.settings.get("resume"):
         ident = episode_identity(item)
         record = hud.pool_call("resume_lookup", task=ident["task"], episode=ident["episode"],
                                identity=run_identity(item, hud))
         if record:
             _replay(item, record)
-            return True
-    if hud is not None:
-        hud.current_item = item
-    try:
-        return (yield)
-    finally:
-        if hud is not None:
-            hud.current_item = None
+            return True  # reported from the earlier run: pytest's own protocol does not run it
+    hud.current_item = item  # episodes run by this test report themselves to it
+    return None
 
 
 def _replay(item: pytest.Item, record: dict[str, Any]) -> None:

@@ -1,0 +1,291 @@
+"""Make the LeRobot ACT checkpoints shipped with the PointReach evals.
+
+Records scripted-expert demonstrations on ``make_reach()`` as a LeRobot v3 dataset, trains a small
+state-only ACT on CPU with LeRobot's own pieces (``make_dataset``, ``make_policy``,
+``make_pre_post_processors``, ``make_optimizer_and_scheduler``, ``update_policy``), and saves two
+checkpoints (policy + processors, no optimizer state):
+
+    evals/checkpoints/reach_act/early/   after a few updates: clearly worse
+    evals/checkpoints/reach_act/final/   the trained policy
+
+Both are then loaded back through ``pytest_hud.agent.lerobot.LeRobotPolicy`` and rolled out on
+held-out seeds; the success rates are printed. Runs offline, in the LeRobot venv, in a few minutes
+on 2 CPU cores::
+
+    .venv-lerobot/bin/python scripts/make_lerobot_checkpoints.py
+
+LeRobot 0.4.4's ACT needs an image or ``observation.environment_state`` besides
+``observation.state``; the dataset has only ``observation.state`` (the sim's ``state``), so the
+saved preprocessor copies it to ``observation.environment_state``
+(``pytest_hud.agent.lerobot.CopyObservationsProcessorStep``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "evals" / "checkpoints" / "reach_act"
+REPO_ID = "pytest-hud/reach_expert"  # a local name only; nothing is pushed or pulled
+TASK = "reach the green goal"
+DEMO_SEED_BASE = 10_000  # demonstration episodes use seeds 10000, 10001, ...; evaluation uses 0..N-1
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Folder receiving early/ and final/")
+    parser.add_argument(
+        "--dataset-dir",
+        type=Path,
+        default=None,
+        help="Keep the recorded dataset here (default: a temporary folder)",
+    )
+    parser.add_argument("--episodes", type=int, default=400, help="Demonstration episodes to record")
+    parser.add_argument("--noise", type=float, default=0.1, help="Std of the expert's action noise")
+    parser.add_argument("--steps", type=int, default=2000, help="Training updates for the final checkpoint")
+    parser.add_argument(
+        "--early-steps",
+        type=int,
+        default=10,
+        help="Training updates for the early checkpoint (the task is learnt in ~50)",
+    )
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--eval-episodes", type=int, default=50, help="Seeded rollouts per checkpoint")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch CPU threads (fixed for reproducibility)"
+    )
+    return parser.parse_args(argv)
+
+
+def record_demonstrations(root: Path, episodes: int, noise: float, seed: int) -> None:
+    """Scripted-expert episodes on make_reach() as a LeRobot v3 dataset at ``root``."""
+    import numpy as np
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from evals.sims.reach import expert_action, make_reach
+
+    dataset = LeRobotDataset.create(
+        repo_id=REPO_ID,
+        fps=10,
+        root=root,
+        use_videos=False,
+        features={
+            "observation.state": {
+                "dtype": "float32",
+                "shape": (4,),
+                "names": ["agent_x", "agent_y", "goal_x", "goal_y"],
+            },
+            "action": {"dtype": "float32", "shape": (2,), "names": ["vx", "vy"]},
+        },
+    )
+    env = make_reach()
+    rng = np.random.default_rng(seed)
+    for episode in range(episodes):
+        observation, _ = env.reset(seed=DEMO_SEED_BASE + episode)
+        while True:
+            # The executed (noisy) action is what gets recorded, as in teleoperation.
+            action = expert_action(observation["state"], noise=noise, rng=rng)
+            dataset.add_frame({"observation.state": observation["state"], "action": action, "task": TASK})
+            observation, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+        dataset.save_episode()
+    dataset.finalize()
+    env.close()
+
+
+def save_checkpoint(policy, preprocessor, postprocessor, folder: Path) -> None:
+    """Policy weights + config and both processors, as LeRobot saves them; nothing else."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    policy.save_pretrained(folder)
+    preprocessor.save_pretrained(folder)
+    postprocessor.save_pretrained(folder)
+    for path in folder.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600; these files are shared through git
+
+
+def success_rate(checkpoint: Path, seeds: range) -> float:
+    """Roll the checkpoint out on make_reach() through LeRobotPolicy, executing chunks open-loop."""
+    from evals.sims.reach import make_reach
+    from pytest_hud.agent.lerobot import LeRobotPolicy
+
+    model = LeRobotPolicy.from_checkpoint(checkpoint, {"state": ((4,), "float32")})
+    env = make_reach()
+    successes = 0
+    for seed in seeds:
+        model.reset()
+        observation, info = env.reset(seed=seed)
+        queue: list = []
+        while True:
+            if not queue:
+                queue = list(model.predict(observation))
+            observation, _, terminated, truncated, info = env.step(queue.pop(0))
+            if terminated or truncated:
+                break
+        successes += bool(info["is_success"])
+    env.close()
+    return successes / len(seeds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Nothing may come from the Hugging Face hub; set before huggingface_hub is imported.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    # save_episode() shows a progress bar per episode; LeRobot then warns it cannot re-enable them.
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", message="Cannot enable progress bars")
+    sys.path.insert(0, str(REPO))
+    started = time.perf_counter()
+
+    import torch
+    from accelerate import Accelerator
+    from lerobot.configs.default import DatasetConfig
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
+    from lerobot.datasets.factory import make_dataset
+    from lerobot.datasets.utils import cycle
+    from lerobot.optim.factory import make_optimizer_and_scheduler
+    from lerobot.policies.act.configuration_act import ACTConfig
+    from lerobot.policies.factory import make_policy, make_pre_post_processors
+    from lerobot.scripts.lerobot_train import update_policy
+    from lerobot.utils.constants import OBS_ENV_STATE, OBS_STATE
+    from lerobot.utils.logging_utils import AverageMeter, MetricsTracker
+    from lerobot.utils.random_utils import set_seed
+
+    from pytest_hud.agent.lerobot import CopyObservationsProcessorStep
+
+    torch.set_num_threads(args.threads)
+    print(f"imports: {time.perf_counter() - started:.1f}s", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="reach-dataset-") as scratch:
+        root = args.dataset_dir if args.dataset_dir is not None else Path(scratch) / "reach_expert"
+        if root.exists():
+            shutil.rmtree(root)
+        tick = time.perf_counter()
+        record_demonstrations(root, args.episodes, args.noise, args.seed)
+        print(f"recorded {args.episodes} demonstrations: {time.perf_counter() - tick:.1f}s", flush=True)
+
+        config = ACTConfig(
+            device="cpu",
+            push_to_hub=False,
+            input_features={
+                OBS_STATE: PolicyFeature(FeatureType.STATE, (4,)),
+                OBS_ENV_STATE: PolicyFeature(FeatureType.ENV, (4,)),
+            },
+            normalization_mapping={
+                "STATE": NormalizationMode.MEAN_STD,
+                "ENV": NormalizationMode.MEAN_STD,
+                "ACTION": NormalizationMode.MEAN_STD,
+            },
+            chunk_size=10,
+            n_action_steps=10,
+            dim_model=64,
+            n_heads=4,
+            dim_feedforward=256,
+            n_encoder_layers=2,
+            n_decoder_layers=1,
+            n_vae_encoder_layers=1,
+            latent_dim=16,
+            pretrained_backbone_weights=None,
+            optimizer_lr=args.lr,
+        )
+        train_config = TrainPipelineConfig(
+            dataset=DatasetConfig(repo_id=REPO_ID, root=str(root)),
+            policy=config,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            num_workers=0,
+            # What TrainPipelineConfig.validate() does with use_policy_training_preset=True (validate
+            # itself parses sys.argv, so it is not called here).
+            optimizer=config.get_optimizer_preset(),
+            scheduler=config.get_scheduler_preset(),
+        )
+        set_seed(args.seed)
+        tick = time.perf_counter()
+        dataset = make_dataset(train_config)  # loads the dataset back, with ACT's action chunk deltas
+        policy = make_policy(config, ds_meta=dataset.meta)
+        stats = copy.deepcopy(dataset.meta.stats)
+        stats[OBS_ENV_STATE] = stats[OBS_STATE]
+        preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
+        preprocessor.steps.insert(1, CopyObservationsProcessorStep({OBS_STATE: OBS_ENV_STATE}))
+        optimizer, lr_scheduler = make_optimizer_and_scheduler(train_config, policy)
+        parameters = sum(p.numel() for p in policy.parameters())
+        print(
+            f"dataset {dataset.num_episodes} episodes / {dataset.num_frames} frames, ACT {parameters:,} "
+            f"parameters: {time.perf_counter() - tick:.1f}s",
+            flush=True,
+        )
+
+        accelerator = Accelerator(cpu=True)
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=0,
+            drop_last=False,
+            generator=torch.Generator().manual_seed(args.seed),
+        )
+        batches = cycle(loader)
+        meters = {
+            "loss": AverageMeter("loss", ":.3f"),
+            "grad_norm": AverageMeter("grdn", ":.3f"),
+            "lr": AverageMeter("lr", ":0.1e"),
+            "update_s": AverageMeter("updt_s", ":.3f"),
+            "dataloading_s": AverageMeter("data_s", ":.3f"),
+        }
+        tracker = MetricsTracker(
+            args.batch_size, dataset.num_frames, dataset.num_episodes, meters, accelerator=accelerator
+        )
+        policy.train()
+        tick = time.perf_counter()
+        for step in range(1, args.steps + 1):
+            loading = time.perf_counter()
+            batch = preprocessor(next(batches))
+            tracker.dataloading_s = time.perf_counter() - loading
+            tracker, _ = update_policy(
+                tracker,
+                policy,
+                batch,
+                optimizer,
+                train_config.optimizer.grad_clip_norm,
+                accelerator=accelerator,
+                lr_scheduler=lr_scheduler,
+            )
+            tracker.step()
+            if step == args.early_steps:
+                save_checkpoint(policy, preprocessor, postprocessor, args.out / "early")
+            if step % 500 == 0 or step == args.steps:
+                print(f"step {step}: {tracker} ({time.perf_counter() - tick:.0f}s)", flush=True)
+                tracker.reset_averages()
+        save_checkpoint(policy, preprocessor, postprocessor, args.out / "final")
+        print(f"trained {args.steps} updates: {time.perf_counter() - tick:.1f}s", flush=True)
+
+    tick = time.perf_counter()
+    seeds = range(args.eval_episodes)
+    for name in ("early", "final"):
+        folder = args.out / name
+        size = sum(path.stat().st_size for path in folder.iterdir())
+        rate = success_rate(folder, seeds)
+        print(
+            f"{name}: success {rate:.0%} on seeds 0..{len(seeds) - 1}, {size / 1e6:.2f} MB at {folder}",
+            flush=True,
+        )
+    print(f"evaluation: {time.perf_counter() - tick:.1f}s; total {time.perf_counter() - started:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
