@@ -20,33 +20,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .gate import GateConfig, TaskOutcomes, Verdict, evaluate_gate, gate_passed
+from .gate import GateConfig, Verdict, evaluate_gate, gate_passed
+from .gate import outcomes_from_results as task_outcomes
 from .report.table import gate_verdicts
 from .results import Results, load_results
 
 __all__ = ["main", "task_outcomes"]
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-
-
-def task_outcomes(results: Results) -> dict[str, TaskOutcomes]:
-    """The gate's view of a results file: per task, episode id → success, errors, declared count.
-
-    Only the latest record of each episode counts (reruns and resumes append). Errored episodes are
-    left out of the success map and counted as errors; skipped episodes (sequential mode decided
-    the task early) count as neither and are not expected in ``declared`` either.
-    """
-    tasks = results.tasks()
-    out: dict[str, TaskOutcomes] = {}
-    for task, summary in tasks.items():
-        out[task] = TaskOutcomes(successes={}, errors=0, declared=max(0, summary.declared - summary.skipped))
-    for rec in results.latest_episodes():
-        outcomes = out[rec.task]
-        if rec.outcome == "error":
-            outcomes.errors += 1
-        elif rec.outcome in ("passed", "failed") and rec.success is not None:
-            outcomes.successes[str(rec.episode)] = bool(rec.success)
-    return out
 
 
 class InputError(Exception):

@@ -39,6 +39,36 @@ class HudSession:
         self.sims: dict[tuple[str, str], SharedSim] = {}
         self.agents: dict[tuple[str, str], Agent] = {}
         self.current_item: pytest.Item | None = None
+        self._recorders: list[Any] | None = None
+
+    @property
+    def recorders(self) -> list[Any]:
+        """This worker's video and trace recorders (created on first use, shared by all agents)."""
+        if self._recorders is None:
+            self._recorders = []
+            if self.settings.get("video", "none") != "none" and self.settings.get("video_dir"):
+                from .report.video import VideoRecorder
+
+                self._recorders.append(VideoRecorder(self.settings["video_dir"], self.settings["video"]))
+            if self.settings.get("trace_dir"):
+                from .report.trace import TraceRecorder
+
+                self._recorders.append(TraceRecorder(self.settings["trace_dir"]))
+        return self._recorders
+
+    def label_recorders(self, task: str, episode: str) -> None:
+        for recorder in self.recorders:
+            recorder.label_next(task, episode)
+
+    def flush_recorders(self, timeout: float = 60.0) -> dict[str, str]:
+        """Wait for pending video encodes; the artefacts of the last episode (for errored ones)."""
+        artefacts: dict[str, str] = {}
+        for recorder in self._recorders or []:
+            flush = getattr(recorder, "flush", None)
+            if callable(flush):
+                flush(timeout)
+            artefacts.update(getattr(recorder, "last_artefacts", None) or {})
+        return artefacts
 
     @property
     def pool(self) -> RpcClient:
@@ -80,6 +110,7 @@ class HudSession:
                 raise EpisodeError(str(exc)) from None
             agent = Agent(
                 model,
+                observers=self.recorders,
                 n_action_steps=self.settings.get("n_action_steps"),
                 recv_timeout=float(self.settings.get("first_action_timeout", 300))
                 + float(self.settings.get("step_timeout", 30)) + 30,
@@ -93,6 +124,10 @@ class HudSession:
             item.stash.setdefault(EPISODES_KEY, []).append(episode)
 
     def close(self) -> None:
+        for recorder in self._recorders or []:
+            close = getattr(recorder, "close", None)
+            if callable(close):
+                close(60.0)
         for sim in self.sims.values():
             sim.close()
         for agent in self.agents.values():

@@ -65,6 +65,7 @@ __all__ = [
     "gate_passed",
     "load_gate_file",
     "outcomes_from_records",
+    "outcomes_from_results",
 ]
 
 VerdictKind = Literal["pass", "regression", "inconclusive", "insufficient coverage"]
@@ -585,3 +586,9 @@ def outcomes_from_records(records: Iterable[Any], declared: Mapping[str, int] | 
         outcomes.declared = max(outcomes.declared, outcomes.n + outcomes.errors + skipped.get(task, 0))
         outcomes.declared -= skipped.get(task, 0)
     return out
+
+
+def outcomes_from_results(results: Any) -> dict[str, TaskOutcomes]:
+    """The gate's view of a loaded results file (a :class:`pytest_hud.results.Results`)."""
+    declared = {task: summary.declared for task, summary in results.tasks().items()}
+    return outcomes_from_records(results.latest_episodes(), declared)

@@ -53,6 +53,11 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
     "min_coverage": (float, None, "Fraction of declared episodes that must finish without error (default 0.9)"),
     "sequential": (bool, False, "Stop running a task's episodes once the gate has decided it (anytime-valid)"),
     "resume": (str, None, "Reuse finished episodes of this results file instead of running them again"),
+    "video": (str, "failed", "MP4 videos of episodes with cameras: none, failed or all"),
+    "video_dir": (str, None, "Directory for videos (default: hud-videos beside --html, --hud-html or --hud-results)"),
+    "trace_dir": (str, None, "Write one trace file (.npz: actions, states, rewards, timings) per episode here"),
+    "html": (str, None, "Write a standalone HTML summary page here (works without pytest-html)"),
+    "progress_interval": (float, 10.0, "Seconds between live per-task progress lines (0 turns them off)"),
 }
 
 
@@ -110,6 +115,18 @@ def _validate(config: pytest.Config, settings: dict[str, Any]) -> None:
             raise pytest.UsageError(f"--hud-{key.replace('_', '-')} must be positive, got {settings[key]}")
     if settings["max_steps"] is not None and settings["max_steps"] < 1:
         raise pytest.UsageError(f"--hud-max-steps must be at least 1, got {settings['max_steps']}")
+    if settings["video"] not in ("none", "failed", "all"):
+        raise pytest.UsageError(f"--hud-video must be none, failed or all, got {settings['video']!r}")
+    if settings["video"] != "none":
+        from .report.video import video_available
+
+        if not video_available():
+            explicit = config.getoption("hud_video", None) or config.getini("hud_video")
+            if explicit:
+                raise pytest.UsageError(
+                    f"--hud-video {settings['video']} needs PyAV: pip install 'pytest-hud[video]' "
+                    "(or pass --hud-video none)")
+            settings["video"] = "none"  # the default asks for videos only where they can be made
     if settings["vectorization"] not in ("sync", "async"):
         raise pytest.UsageError(f"--hud-vectorization must be sync or async, got {settings['vectorization']!r}")
     if settings["sim"]:
@@ -161,6 +178,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(controller, "hud-controller")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(controller), "hud-xdist")
+    if config.pluginmanager.hasplugin("html") and getattr(config.option, "htmlpath", None):
+        from .report.pytest_html import HtmlReportHooks
+
+        config.pluginmanager.register(HtmlReportHooks(config, controller.html_summary), "hud-html")
     if not _distributed(config):
         config.stash[SESSION_KEY] = HudSession(controller.service_host, controller.service.port,
                                                controller.secret, 0, controller.worker_settings())
@@ -285,6 +306,14 @@ def _replay(item: pytest.Item, record: dict[str, Any]) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    hud = worker_session(item.config)
+    if hud is not None and is_episode_item(item):
+        ident = episode_identity(item)
+        hud.label_recorders(ident["task"], ident["episode"])
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     hud = worker_session(item.config)
     if hud is None or not hud.settings.get("sequential") or not is_episode_item(item):
@@ -309,7 +338,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if hud is None or not is_episode_item(item):
         return report
     if report.when == "call" or (report.when == "setup" and not report.passed):
+        artefacts = hud.flush_recorders() if report.when == "call" else {}
         record = _episode_record(item, call, report, hud)
+        if artefacts and not record.get("artefacts"):
+            record["artefacts"] = artefacts  # an errored episode has no result to carry them
         report.hud_episode = record
         props = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
                  "duration_s", "slot")
@@ -402,6 +434,7 @@ class HudController:
         self.service = PoolService(self.pool, self.secret, self.service_host,
                                    extra_methods={"declare": self._declare, "sequential": self._sequential,
                                                   "resume_lookup": self._resume_lookup})
+        self._resolve_artefact_dirs()
         self.provenance = self._provenance()
         self.writer: ResultsWriter | None = None
         if settings["results"]:
@@ -420,9 +453,25 @@ class HudController:
         self.verdicts: list[Any] | None = None
         self.other_failures = 0
         self._sequential_tests: dict[str, Any] = {}
+        self._last_progress = time.monotonic()
         self._resumable = _resume_index(settings["resume"]) if settings["resume"] else {}
 
     # ------------------------------------------------------------ plumbing
+    def _resolve_artefact_dirs(self) -> None:
+        """Absolute paths for workers (they may run elsewhere in the tree): videos go beside the report."""
+        here = self.config.invocation_params.dir
+        s = self.settings
+        if s["video"] != "none" and not s["video_dir"]:
+            anchor = (getattr(self.config.option, "htmlpath", None) or s["html"] or s["results"])
+            base = (here / anchor).parent if anchor else here
+            s["video_dir"] = str(base / "hud-videos")
+        for key in ("video_dir", "trace_dir", "html"):
+            if s[key]:
+                s[key] = str((here / s[key]).resolve())
+
+    def html_summary(self):
+        return self.tasks(), self.verdict_dicts(), self.coverage()
+
     def worker_settings(self) -> dict[str, Any]:
         return dict(self.settings, width=self.width)
 
@@ -543,6 +592,30 @@ class HudController:
             if self.writer is not None:
                 self.writer.episode(record)
             self._feed_sequential(record)
+        self._progress()
+
+    def _progress(self) -> None:
+        """Every few seconds, one line with each task's running success rate (controller side)."""
+        interval = self.settings["progress_interval"] or 0
+        now = time.monotonic()
+        if interval <= 0 or now - self._last_progress < interval:
+            return
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return
+        self._last_progress = now
+        declared = self.declared_by_task()
+        parts = []
+        for task, s in self.tasks().items():
+            rate = "-" if s.success_rate is None else f"{100 * s.success_rate:.0f}%"
+            done = s.n + s.errors + s.skipped
+            parts.append(f"{task.rsplit('::', 1)[-1]} {rate} ({done}/{declared.get(task, done)}"
+                         + (f", {s.errors} err" if s.errors else "") + ")")
+        # Start a fresh line (under xdist the dots row has no file path, so write_line alone would
+        # not) so pytest's own progress dots and percentages stay intact around ours.
+        if getattr(tr._tw, "width_of_current_line", 0):
+            tr._tw.line()
+        tr.write_line("hud progress: " + "; ".join(parts), cyan=True)
 
     # ------------------------------------------------------------- summary
     def declared_by_task(self) -> dict[str, int]:
@@ -578,13 +651,12 @@ class HudController:
             return None
         from dataclasses import replace
 
-        from .gate import Verdict, evaluate_gate, outcomes_from_records
+        from .gate import Verdict, evaluate_gate, outcomes_from_records, outcomes_from_results
 
         current = outcomes_from_records(self.records.values(), self.declared_by_task())
         base = None
         if self.baseline is not None:
-            declared = {t: s.declared - s.skipped for t, s in self.baseline.tasks().items()}
-            base = outcomes_from_records(self.baseline.latest_episodes(), declared)
+            base = outcomes_from_results(self.baseline)
         floors = {**self.gate_config.floors, **self.floors}  # marker floors are exact task ids: they win
         verdicts = evaluate_gate(current, base, replace(self.gate_config, floors=floors))
         for i, v in enumerate(verdicts):
@@ -618,6 +690,12 @@ class HudController:
             self._step_summary()
             if self.writer is not None:
                 self.writer.summary(self.tasks(), self.coverage(), self.provenance, gate)
+            if self.settings["html"]:
+                from .report.html import write_standalone_page
+
+                write_standalone_page(self.settings["html"], self.tasks(), list(self.records.values()),
+                                      verdicts=self.verdict_dicts(), coverage=self.coverage(),
+                                      title="pytest-hud report")
 
     def verdict_dicts(self) -> dict[str, dict[str, Any]] | None:
         return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}

@@ -135,10 +135,19 @@ class Agent:
                     for obs in self.observers:
                         obs.on_step(action, frame, spent)
         except BridgeError as exc:
-            for obs in self.observers:
-                obs.on_end(episode, None, str(exc))
+            self._notify_end(episode, str(exc))
             raise EpisodeError(f"slot {episode.slot}: {exc}") from None
+        except BaseException as exc:  # the model raised, or the test was interrupted
+            self._notify_end(episode, f"{type(exc).__name__}: {exc}")
+            raise
         return self._finish(episode, steps, inference_s, None)
+
+    def _notify_end(self, episode: Episode, error: str) -> None:
+        for obs in self.observers:
+            try:
+                obs.on_end(episode, None, error)
+            except Exception:  # noqa: BLE001 - a recorder must not hide the episode's own error
+                pass
 
     # ---------------------------------------------------------------- asyncio
     async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
@@ -169,7 +178,9 @@ class Agent:
             finally:
                 await slot.close()
         except BridgeError as exc:
-            for obs in self.observers:
-                obs.on_end(episode, None, str(exc))
+            self._notify_end(episode, str(exc))
             raise EpisodeError(f"slot {episode.slot}: {exc}") from None
+        except BaseException as exc:
+            self._notify_end(episode, f"{type(exc).__name__}: {exc}")
+            raise
         return self._finish(episode, steps, inference_s, None)
