@@ -24,6 +24,9 @@ from reach import expert_action, make_reach  # noqa: E402
 from reach_pixels import reach_pixels  # noqa: E402
 
 
+EARLY_ITERATION = 6  # the earlier, worse CartPole checkpoint of the same run
+
+
 def rollout(make_env, policy, seed: int) -> tuple[bool, float, float]:
     """(success, return, furthest first state coordinate) of one episode."""
     env = make_env()
@@ -45,10 +48,16 @@ def success_rate(make_env, policy, seeds) -> float:
 
 
 def cem(score, dim: int, rng: np.random.Generator, iters: int = 12, pop: int = 24, elite: int = 6,
-        std0: float = 2.0) -> np.ndarray:
-    """Cross-entropy method: sample parameters, keep the best, refit the Gaussian."""
+        std0: float = 2.0, snapshots: dict[int, np.ndarray] | None = None) -> np.ndarray:
+    """Cross-entropy method: sample parameters, keep the best, refit the Gaussian.
+
+    ``snapshots`` (iteration → None) is filled with the mean after those iterations (earlier,
+    worse checkpoints of the same run, for the gate demonstration).
+    """
     mean, std = np.zeros(dim), np.ones(dim) * std0
-    for _ in range(iters):
+    for it in range(iters):
+        if snapshots is not None and it in snapshots:
+            snapshots[it] = mean.copy()
         cand = mean + std * rng.standard_normal((pop, dim))
         scores = np.array([score(c) for c in cand])
         best = cand[np.argsort(scores)[-elite:]]
@@ -56,13 +65,16 @@ def cem(score, dim: int, rng: np.random.Generator, iters: int = 12, pop: int = 2
     return mean
 
 
-def train_cartpole(rng) -> LinearDiscrete:
-    def make(params):
-        return LinearDiscrete(np.stack([np.zeros(4), params[:4]]), np.array([0.0, params[4]]))
+def _cartpole_policy(params) -> LinearDiscrete:
+    return LinearDiscrete(np.stack([np.zeros(4), params[:4]]), np.array([0.0, params[4]]))
+
+
+def train_cartpole(rng, snapshots=None) -> LinearDiscrete:
+    make = _cartpole_policy
 
     def train(p):  # mean return: dense, unlike success
         return np.mean([rollout(cartpole, make(p), s)[1] for s in range(10_000, 10_008)]) / 500
-    return make(cem(train, 5, rng, iters=20, pop=40, elite=8))
+    return make(cem(train, 5, rng, iters=20, pop=40, elite=8, snapshots=snapshots))
 
 
 def train_mountain_car(rng) -> LinearTanh:
@@ -96,10 +108,14 @@ def main() -> None:
     CHECKPOINTS.mkdir(parents=True, exist_ok=True)
     held_out = range(20_000, 20_030)
     t0 = time.perf_counter()
-    cp = train_cartpole(np.random.default_rng(0))
+    snapshots = {EARLY_ITERATION: None}
+    cp = train_cartpole(np.random.default_rng(0), snapshots)
     np.savez(CHECKPOINTS / "cartpole_linear.npz", weights=cp.weights, bias=cp.bias)
     print(f"cartpole      trained in {time.perf_counter() - t0:5.1f} s, "
           f"held-out success {success_rate(cartpole, cp, held_out):.0%}")
+    early = _cartpole_policy(snapshots[EARLY_ITERATION])
+    np.savez(CHECKPOINTS / "cartpole_linear_early.npz", weights=early.weights, bias=early.bias)
+    print(f"cartpole (early, iteration {EARLY_ITERATION}) held-out success {success_rate(cartpole, early, held_out):.0%}")
     t0 = time.perf_counter()
     mc = train_mountain_car(np.random.default_rng(1))
     np.savez(CHECKPOINTS / "mountain_car_linear.npz", weights=mc.weights, bias=mc.bias)

@@ -78,6 +78,12 @@ def cartpole():
     return LinearDiscrete(ckpt["weights"], ckpt["bias"])
 
 
+def cartpole_early():
+    """An earlier, worse checkpoint of the same CEM run (for the gate demonstration)."""
+    ckpt = _load("cartpole_linear_early")
+    return LinearDiscrete(ckpt["weights"], ckpt["bias"])
+
+
 def mountain_car():
     ckpt = _load("mountain_car_linear")
     return LinearTanh(ckpt["weights"], ckpt["bias"])

@@ -1,0 +1,41 @@
+"""The shipped example evals run as a new user runs them, and the gate demonstration holds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "evals" / "baselines" / "cartpole.jsonl"
+
+
+def pytest_evals(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=280)
+
+
+def test_the_example_suites_run_with_eight_workers_on_width_eight(tmp_path):
+    out = pytest_evals("evals/", "-n", "8", "--hud-width=8", f"--hud-results={tmp_path / 'r.jsonl'}")
+    assert "coverage: 80/80 declared episodes reported, 80 graded, 0 errors" in out.stdout, out.stdout[-3000:]
+    for task in ("test_cartpole.py::test_balance", "test_mountain_car.py::test_reach_the_flag",
+                 "test_reach_pixels.py::test_reach_the_goal"):
+        assert task in out.stdout
+
+
+def test_the_earlier_checkpoint_is_a_regression_against_the_committed_baseline():
+    out = pytest_evals("evals/test_cartpole.py", "-n", "2",
+                       "--hud-policy=evals/policies/numpy_policies.py:cartpole_early",
+                       f"--hud-baseline={BASELINE}")
+    assert out.returncode == 1, out.stdout[-3000:]
+    assert "gate: REGRESSION test_cartpole.py::test_balance" in out.stdout
+
+
+def test_the_final_checkpoint_passes_against_its_own_baseline():
+    out = pytest_evals("evals/test_cartpole.py", "-n", "2", f"--hud-baseline={BASELINE}")
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "FAILED (" not in out.stdout and "PASSED (" in out.stdout
