@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from .agent.loop import Agent
-from .agent.model import PolicyError, load_policy
+from .agent.model import PolicyError, load_policy, policy_kind
 from .client import BridgeAddress, BridgeError, ControlClient
 from .contract import Contract
 from .episode import Episode, EpisodeError, EpisodeResult
@@ -104,8 +104,15 @@ class HudSession:
         key = (policy, json.dumps(contract.to_dict(), sort_keys=True))
         agent = self.agents.get(key)
         if agent is None:
+            spec = policy
+            if self.settings.get("policy_server") and policy_kind(policy) != "openpi":
+                # One model copy for the whole run, batched across workers: this worker loads none.
+                try:
+                    spec = self.pool_call("policy_server", spec=policy, contract=contract.to_dict())
+                except RpcError as exc:
+                    raise EpisodeError(f"no policy server for {policy!r}: {exc.message}") from None
             try:
-                model = load_policy(policy, contract, n_action_steps=self.settings.get("n_action_steps"))
+                model = load_policy(spec, contract, n_action_steps=self.settings.get("n_action_steps"))
             except PolicyError as exc:
                 raise EpisodeError(str(exc)) from None
             agent = Agent(

@@ -45,6 +45,7 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
     "step_timeout": (float, 30.0, "Seconds for each later action"),
     "max_steps": (int, None, "Stop and grade an episode after this many steps"),
     "n_action_steps": (int, None, "Actions executed from each predicted chunk before re-planning"),
+    "policy_server": (bool, False, "Serve the policy from one batched policy server per run (workers load no model)"),
     "vectorization": (str, "sync", "How bridges vectorize single envs: sync or async"),
     "baseline": (str, None, "Gate against this results file from an earlier run (the last good checkpoint)"),
     "gate": (str, None, "YAML gate file: alpha, max_drop, min_coverage, per-task min_success floors"),
@@ -689,13 +690,27 @@ class HudController:
         if self.records or self.declared:
             self._step_summary()
             if self.writer is not None:
-                self.writer.summary(self.tasks(), self.coverage(), self.provenance, gate)
+                self.writer.summary(self.tasks(), self.coverage(), self.observed_provenance(), gate)
             if self.settings["html"]:
                 from .report.html import write_standalone_page
 
                 write_standalone_page(self.settings["html"], self.tasks(), list(self.records.values()),
                                       verdicts=self.verdict_dicts(), coverage=self.coverage(),
                                       title="pytest-hud report")
+
+    def observed_provenance(self) -> dict[str, Any]:
+        """Provenance plus every (policy, content hash) and (sim, build) the episodes actually used."""
+        policies: dict[tuple, dict[str, Any]] = {}
+        sims: dict[str, dict[str, Any]] = {}
+        for rec in self.records.values():
+            ident = rec.identity or {}
+            if ident.get("policy"):
+                policies[(ident["policy"], ident.get("policy_hash"))] = {
+                    "policy": ident["policy"], "policy_hash": ident.get("policy_hash")}
+            if ident.get("sim"):
+                key = f"{ident['sim']} {ident.get('build') or ''}"
+                sims[key] = {"sim": ident["sim"], "build": ident.get("build") or {}}
+        return dict(self.provenance, policies=list(policies.values()), sims=list(sims.values()))
 
     def verdict_dicts(self) -> dict[str, dict[str, Any]] | None:
         return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}

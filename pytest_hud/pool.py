@@ -86,6 +86,8 @@ class SimPool:
         self._key_locks: dict[tuple, threading.Lock] = {}
         self._bridges: dict[tuple, _Bridge] = {}
         self._retired: list[_Bridge] = []
+        self._servers: dict[tuple, tuple[subprocess.Popen, str]] = {}
+        self._children: list[subprocess.Popen] = []  # every process this pool started
         self._count = 0
         self.closed = False
 
@@ -119,12 +121,66 @@ class SimPool:
             return current.address
 
     # --------------------------------------------------------------- spawning
-    def _spawn(self, key: tuple, target: str, build: dict[str, Any]) -> _Bridge:
+    def _next_name(self, kind: str) -> tuple[Path, Path]:
         with self._lock:
             self._count += 1
             n = self._count
-        announce = self.workdir / f"bridge-{n}.json"
-        log = self.workdir / f"bridge-{n}.log"
+        return self.workdir / f"{kind}-{n}.json", self.workdir / f"{kind}-{n}.log"
+
+    def _launch(self, cmd: list[str], what: str, announce: Path, log: Path,
+                timeout: float) -> tuple[subprocess.Popen, dict[str, Any]]:
+        """Start a child that announces itself through a file; wait for it (or its failure)."""
+        env = dict(os.environ)
+        env[SECRET_ENV] = self.secret
+        env.setdefault("SDL_VIDEODRIVER", "dummy")
+        paths = [p for p in self.spec.python_path if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        with open(log, "wb") as log_fh:
+            # A new session: Ctrl-C in the terminal reaches pytest, which then stops children in
+            # order; the children's parent-death watch covers SIGKILL of pytest.
+            process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
+                                       cwd=self.spec.cwd, env=env, start_new_session=True)
+        with self._lock:
+            self._children.append(process)
+        deadline = time.monotonic() + timeout
+        while not announce.exists():
+            if process.poll() is not None:
+                raise PoolError(f"{what} exited with code {process.returncode} while starting:\n{_log_tail(log)}")
+            if time.monotonic() > deadline:
+                _terminate(process)
+                raise PoolError(
+                    f"{what} did not announce itself within {timeout:.0f} s (--hud-boot-timeout); "
+                    f"its log:\n{_log_tail(log)}"
+                )
+            time.sleep(0.02)
+        return process, json.loads(announce.read_text())
+
+    def policy_server_for(self, spec: str, contract: dict[str, Any] | None = None) -> str:
+        """The ws:// URL of this run's policy server for ``spec`` (started on first request)."""
+        key = ("policy", spec, json.dumps(contract or {}, sort_keys=True))
+        with self._lock:
+            if self.closed:
+                raise PoolError("the run is shutting down")
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            known = self._servers.get(key)
+            if known is not None and known[0].poll() is None:
+                return known[1]
+            announce, log = self._next_name("policy")
+            cmd = [sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
+                   "--host", self.spec.host, "--announce", str(announce), "--parent-pid", str(os.getpid())]
+            if contract:
+                contract_path = announce.with_suffix(".contract.json")
+                contract_path.write_text(json.dumps(contract))
+                cmd += ["--contract", str(contract_path)]
+            process, data = self._launch(cmd, f"policy server for {spec!r}", announce, log, self.spec.boot_timeout)
+            url = data.get("url") or f"ws://{data.get('host', self.spec.host)}:{data['ws']}"
+            self._servers[key] = (process, url)
+            return url
+
+    def _spawn(self, key: tuple, target: str, build: dict[str, Any]) -> _Bridge:
+        announce, log = self._next_name("bridge")
         spec = self.spec
         cmd = [
             sys.executable, "-m", "pytest_hud.sim", target,
@@ -138,32 +194,8 @@ class SimPool:
             "--step-timeout", str(spec.step_timeout),
             "--parent-pid", str(os.getpid()),
         ]
-        env = dict(os.environ)
-        env[SECRET_ENV] = self.secret
-        env.setdefault("SDL_VIDEODRIVER", "dummy")
-        paths = [p for p in spec.python_path if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if paths:
-            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        with open(log, "wb") as log_fh:
-            # A new session: Ctrl-C in the terminal reaches pytest, which then stops bridges in
-            # order; the bridge's parent-death watch covers SIGKILL of pytest.
-            process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
-                                       cwd=spec.cwd, env=env, start_new_session=True)
-        deadline = time.monotonic() + spec.boot_timeout
-        while not announce.exists():
-            if process.poll() is not None:
-                raise PoolError(
-                    f"bridge for {target!r} exited with code {process.returncode} while starting:\n"
-                    f"{_log_tail(log)}"
-                )
-            if time.monotonic() > deadline:
-                _terminate(process)
-                raise PoolError(
-                    f"bridge for {target!r} did not announce itself within {spec.boot_timeout:.0f} s "
-                    f"(--hud-boot-timeout); its log:\n{_log_tail(log)}"
-                )
-            time.sleep(0.02)
-        address = BridgeAddress.from_announce(announce)
+        process, data = self._launch(cmd, f"bridge for {target!r}", announce, log, spec.boot_timeout)
+        address = BridgeAddress.from_dict(data)
         return _Bridge(key, process, address, log, time.monotonic())
 
     def _retire(self, bridge: _Bridge) -> None:
@@ -184,26 +216,27 @@ class SimPool:
 
     def pids(self) -> list[int]:
         with self._lock:
-            return [b.process.pid for b in list(self._bridges.values()) + self._retired]
+            return [p.pid for p in self._children]
 
     def stop_all(self, timeout: float = 5.0) -> None:
-        """Stop every bridge (SIGTERM, then SIGKILL) and remove the work dir with its secrets."""
+        """Stop every child (SIGTERM, then SIGKILL) and remove the work dir with its secrets."""
         with self._lock:
             self.closed = True
-            bridges = list(self._bridges.values()) + self._retired
+            children = list(self._children)
             self._bridges.clear()
-        for b in bridges:
-            if b.process.poll() is None:
+            self._servers.clear()
+        for process in children:
+            if process.poll() is None:
                 try:
-                    os.killpg(b.process.pid, signal.SIGTERM)
+                    os.killpg(process.pid, signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
                     pass
         deadline = time.monotonic() + timeout
-        for b in bridges:
+        for process in children:
             try:
-                b.process.wait(max(0.0, deadline - time.monotonic()))
+                process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _terminate(b.process, kill=True)
+                _terminate(process, kill=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -239,7 +272,8 @@ class PoolService:
         self.pool = pool
         self.host = host
         self._loop = asyncio.new_event_loop()
-        methods: dict[str, Any] = {"bridge": self._bridge, "bridges": self._bridges}
+        methods: dict[str, Any] = {"bridge": self._bridge, "bridges": self._bridges,
+                                   "policy_server": self._policy_server}
         for name, fn in (extra_methods or {}).items():
             methods[name] = self._wrap(fn)
         self._server = RpcServer(methods, secret, hello_info=lambda: {"service": "pytest-hud/pool/1"})
@@ -282,6 +316,14 @@ class PoolService:
         except Exception as exc:  # noqa: BLE001 - every failure reaches the worker as a message
             raise RpcError(f"{type(exc).__name__}: {exc}") from None
         return address.to_dict()
+
+    async def _policy_server(self, conn: Any, spec: str, contract: dict | None = None) -> str:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, self.pool.policy_server_for, spec, contract
+            )
+        except PoolError as exc:
+            raise RpcError(str(exc)) from None
 
     async def _bridges(self, conn: Any) -> list[dict[str, Any]]:
         return self.pool.bridges()

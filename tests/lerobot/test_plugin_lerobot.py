@@ -1,0 +1,97 @@
+"""LeRobot checkpoints through the plugin: in-worker, through the policy server, and mismatches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lerobot.policies")  # not "lerobot": tests/lerobot itself would satisfy that
+
+from pytest_hud.results import load_results  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[2]
+REACH = ROOT / "evals" / "sims" / "reach.py"
+FINAL = ROOT / "evals" / "checkpoints" / "reach_act" / "final"
+
+SUITE = f'''
+import sys
+import pytest
+
+pytestmark = pytest.mark.hud(sim={str(REACH) + ":make_reach"!r}, policy={str(FINAL)!r})
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reach(shared_sim, robot_agent, record_property, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed, prompt="reach the green goal"))
+    record_property("torch_loaded", "torch" in sys.modules)
+    assert result.success
+'''
+
+MISMATCH = '''
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+class Other(gym.Env):
+    observation_space = spaces.Dict({"joints": spaces.Box(-1, 1, (4,), np.float32)})
+    action_space = spaces.Box(-1, 1, (2,), np.float32)
+    def reset(self, *, seed=None, options=None):
+        return {"joints": np.zeros(4, np.float32)}, {}
+    def step(self, action):
+        return {"joints": np.zeros(4, np.float32)}, 0.0, True, False, {}
+
+def other():
+    return Other()
+'''
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_reach=SUITE, sims_other=MISMATCH)
+    return pytester
+
+
+def _records(path: Path) -> dict[str, object]:
+    return {r.episode: r for r in load_results(path).episodes}
+
+
+def test_a_lerobot_checkpoint_drives_episodes_through_the_bridge_and_the_plugin(project):
+    result = project.runpytest_subprocess("-n", "2", "--hud-results=r.jsonl", "--junitxml=j.xml", timeout=240)
+    result.assert_outcomes(passed=6)
+    records = _records(project.path / "r.jsonl")
+    assert all(r.success and r.steps < 40 for r in records.values())
+    assert 'name="torch_loaded" value="True"' in (project.path / "j.xml").read_text()
+    (policy,) = load_results(project.path / "r.jsonl").provenance["policies"]
+    assert policy["policy"] == str(FINAL) and policy["policy_hash"].startswith("sha256:")
+
+
+def test_with_the_policy_server_workers_load_no_model_and_results_are_identical(project):
+    local = project.runpytest_subprocess("-n", "2", "--hud-results=local.jsonl", timeout=240)
+    local.assert_outcomes(passed=6)
+    served = project.runpytest_subprocess("-n", "2", "--hud-policy-server", "--hud-results=served.jsonl",
+                                          "--junitxml=j.xml", timeout=240)
+    served.assert_outcomes(passed=6)
+    assert 'name="torch_loaded" value="False"' in (project.path / "j.xml").read_text()
+    assert 'value="True"' not in (project.path / "j.xml").read_text().split("torch_loaded")[1][:20]
+    a, b = _records(project.path / "local.jsonl"), _records(project.path / "served.jsonl")
+    # Same episodes; a batched forward may differ from a single one in the last float bits only.
+    assert {k: (r.steps, r.success) for k, r in a.items()} == {k: (r.steps, r.success) for k, r in b.items()}
+    for k in a:
+        assert a[k].total_reward == pytest.approx(b[k].total_reward, abs=1e-5)
+
+
+def test_a_feature_mismatch_is_an_error_naming_both_sides(project):
+    project.makepyfile(test_other=f'''
+import pytest
+
+@pytest.mark.hud(sim="sims_other:other", policy={str(FINAL)!r})
+def test_other(shared_sim, robot_agent):
+    robot_agent.run(shared_sim.episode(seed=0))
+''')
+    result = project.runpytest_subprocess("test_other.py", "-p", "no:xdist", timeout=240)
+    result.assert_outcomes(errors=1)
+    text = result.stdout.str()
+    assert "observation.state" in text and "joints" in text
