@@ -318,3 +318,43 @@ def test_the_bridge_exits_when_its_parent_dies(tmp_path):
     else:
         pytest.fail(f"bridge {pid} outlived its parent")
     assert not announce.exists()  # and took its announce file (with the secret) with it
+
+
+def test_a_saved_contract_is_validated_at_start_and_its_names_are_served(bridge, tmp_path):
+    import subprocess
+    import sys
+
+    from pytest_hud.contract import Contract
+
+    saved = tmp_path / "contract.json"
+    address = bridge("Pendulum-v1", 1, "--save-contract", str(saved))
+    data = json.loads(saved.read_text())
+    data["features"]["state"]["names"] = ["cos_theta", "sin_theta", "theta_dot"]
+    saved.write_text(json.dumps(data))
+    renamed = bridge("Pendulum-v1", 1, "--contract", str(saved))
+    with ControlClient(renamed) as control:
+        assert control.contract().features["state"].names == ["cos_theta", "sin_theta", "theta_dot"]
+    data["features"]["state"]["shape"] = [4]
+    data["features"]["state"]["names"] = ["a", "b", "c", "d"]
+    saved.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, "-m", "pytest_hud.sim", "Pendulum-v1", "--contract", str(saved)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "feature 'state': contract says shape (4,), the env gives (3,)" in out.stderr
+    assert Contract.load(saved).features["state"].shape == (4,)
+    del address
+
+
+def test_async_vectorization_serves_episodes_too(bridge):
+    address = bridge("Pendulum-v1", 2, "--vectorization", "async")
+    expected = gym.make("Pendulum-v1").reset(seed=4)[0]
+    np.testing.assert_array_equal(first_obs(address, 4), expected)
+
+
+def test_an_unknown_target_exits_with_a_clear_error():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pytest_hud.sim", "NoSuchEnv-v0"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "unknown sim target 'NoSuchEnv-v0'" in out.stderr
