@@ -1,10 +1,12 @@
 """pytest-hud vs the naive way, on the same episodes, measured in one run.
 
-    python benchmarks/plugin_overhead.py [--suite cartpole|reach_pixels|mountain_car] [--workers 8]
+    python benchmarks/plugin_overhead.py [--suite cartpole|mountain_car|reach_pixels|reach_act] [--workers 8]
+
+(``reach_act`` loads a LeRobot checkpoint: run it with LeRobot installed.)
 
 1. ``pytest evals/test_<suite>.py -n W --hud-width=W`` (shared bridge, one episode per test).
-2. The naive way: the same parametrized tests, but each test builds its own env in-process and runs
-   the same policy (``pytest -n W``, no sharing).
+2. The naive way: the same parametrized tests, but each test builds its own env and loads its own
+   policy in-process (``pytest -n W``, no sharing), as hand-written eval suites do.
 3. In-process reference: the same episodes in a plain loop, timing env steps and policy calls.
 
 Prints wall times, their ratio, and pytest-hud's per-episode overhead: the episode's duration
@@ -25,53 +27,54 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 EVALS = ROOT / "evals"
-sys.path[:0] = [str(ROOT), str(EVALS / "sims"), str(EVALS / "policies")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
-SUITES = {  # suite: (sim factory module:function, policy factory, number of seeds)
-    "cartpole": ("classic:cartpole", "numpy_policies:cartpole", 32),
-    "mountain_car": ("classic:mountain_car", "numpy_policies:mountain_car", 24),
-    "reach_pixels": ("reach_pixels:reach_pixels", "numpy_policies:reach_pixels", 24),
+SUITES = {  # suite: (sim target, policy spec, number of seeds) -- the same as in evals/test_<suite>.py
+    "cartpole": (f"{EVALS}/sims/classic.py:cartpole", f"{EVALS}/policies/numpy_policies.py:cartpole", 32),
+    "mountain_car": (f"{EVALS}/sims/classic.py:mountain_car", f"{EVALS}/policies/numpy_policies.py:mountain_car", 24),
+    "reach_pixels": (f"{EVALS}/sims/reach_pixels.py:reach_pixels", f"{EVALS}/policies/numpy_policies.py:reach_pixels", 24),
+    "reach_act": (f"{EVALS}/sims/reach.py:make_reach", str(EVALS / "checkpoints" / "reach_act" / "final"), 24),
 }
 
-NAIVE_TEST = '''
+NAIVE_TEST = """
 import sys
-sys.path[:0] = [{sims!r}, {policies!r}]
+sys.path.insert(0, {bench!r})
 import pytest
-from {sim_mod} import {sim_fn} as make_env
-from {pol_mod} import {pol_fn} as make_policy
+from naive_support import build_env, build_policy
 
 @pytest.mark.parametrize("seed", range({n}))
 def test_naive(seed):
-    env = make_env()
-    policy = make_policy()
+    env = build_env({sim!r})            # what a hand-written suite does: its own env per test...
+    policy = build_policy({policy!r}, env)  # ...and its own model
     obs, _ = env.reset(seed=seed)
+    queue = []
     while True:
-        view = obs if isinstance(obs, dict) else {{"state": obs}}
-        obs, reward, terminated, truncated, info = env.step(policy.predict(view))
+        if not queue:
+            queue = list(policy.predict(obs if isinstance(obs, dict) else {{"state": obs}}))
+        obs, reward, terminated, truncated, info = env.step(queue.pop(0))
         if terminated or truncated:
             break
     env.close()
     assert info.get("is_success")
-'''
-
-
-def _call(spec: str):
-    mod, fn = spec.split(":")
-    return getattr(__import__(mod), fn)
+"""
 
 
 def in_process(sim: str, policy: str, n: int) -> tuple[float, float]:
-    """Mean per-episode seconds in env steps and in policy calls."""
-    make_env, make_policy = _call(sim), _call(policy)
+    """Mean per-episode seconds in env steps and in policy calls (env and model built once)."""
+    from naive_support import build_env, build_policy
+
     env_s = pol_s = 0.0
+    env = build_env(sim)
+    pol = build_policy(policy, env)
     for seed in range(n):
-        env, pol = make_env(), make_policy()
         obs, _ = env.reset(seed=seed)
+        queue: list = []
         while True:
-            view = obs if isinstance(obs, dict) else {"state": obs}
             t0 = time.perf_counter()
-            action = pol.predict(view)
+            if not queue:
+                queue = list(pol.predict(obs if isinstance(obs, dict) else {"state": obs}))
+            action = queue.pop(0)
             t1 = time.perf_counter()
             obs, _, terminated, truncated, _ = env.step(action)
             t2 = time.perf_counter()
@@ -79,7 +82,7 @@ def in_process(sim: str, policy: str, n: int) -> tuple[float, float]:
             env_s += t2 - t1
             if terminated or truncated:
                 break
-        env.close()
+    env.close()
     return env_s / n, pol_s / n
 
 
@@ -100,10 +103,7 @@ def main() -> None:
         tmp = Path(tmp)
         results = tmp / "hud.jsonl"
         (tmp / "naive").mkdir()
-        (tmp / "naive" / "test_naive.py").write_text(NAIVE_TEST.format(
-            sims=str(EVALS / "sims"), policies=str(EVALS / "policies"), n=n,
-            sim_mod=sim.split(":")[0], sim_fn=sim.split(":")[1],
-            pol_mod=policy.split(":")[0], pol_fn=policy.split(":")[1]))
+        (tmp / "naive" / "test_naive.py").write_text(NAIVE_TEST.format(sim=sim, policy=policy, n=n, bench=str(ROOT / "benchmarks")))
         base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", w]
         hud_s = timed(base + [f"--hud-width={w}", f"--hud-results={results}",
                               str(EVALS / f"test_{args.suite}.py")], ROOT)

@@ -1,0 +1,33 @@
+"""The naive way, for comparisons: build the env and the policy in-process, no sharing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from pytest_hud.agent.model import load_policy
+from pytest_hud.contract import derive_contract
+from pytest_hud.sim.target import resolve_factory
+
+
+def build_env(target: str) -> gym.Env:
+    factory = resolve_factory(target)
+    return gym.make(target) if factory is None else factory()
+
+
+def build_policy(spec: str, env: gym.Env) -> Any:
+    obs, _ = env.reset(seed=0)
+    contract = derive_contract(env.observation_space, env.action_space, obs, env.metadata)
+    model = load_policy(spec, contract)
+
+    class Chunked:  # always a chunk [T, A], like the agent loop's open-loop queue
+        def predict(self, observation):
+            import numpy as np
+
+            out = np.asarray(model.predict(observation))
+            if contract.action.type == "discrete":
+                return out.reshape(-1, 1)[:, 0] if out.size > 1 else [int(out.reshape(-1)[0])]
+            return out.reshape(-1, contract.action_dim)
+
+    return Chunked()

@@ -1,0 +1,214 @@
+"""One policy server for 8 workers vs 8 per-worker model copies: episodes/hour and memory, one run.
+
+    .venv-lerobot/bin/python benchmarks/policy_server.py [--workers 8] [--episodes 100]
+
+Both setups run the same episodes of the PointReach sim (``evals/sims/reach.py:make_reach``, env
+in each worker process) with the shipped ACT checkpoint (``evals/checkpoints/reach_act/final``),
+executing each predicted chunk open-loop as the agent does:
+
+- **server**: ``--workers`` processes that never import torch (``RemotePolicy``), all talking to
+  one ``python -m pytest_hud.agent.server`` that batches their requests;
+- **copies**: ``--workers`` processes that each load their own ``LeRobotPolicy``.
+
+Workers are spawned fresh, load (or connect), make one warm-up call, then wait; the clock starts
+when all are ready, so start-up is reported separately from episodes/hour. Memory is the resident
+set (RSS) summed over every process of a setup (the server included), sampled during the run (the
+peak is reported), plus the unique set size (USS), which does not count shared library pages
+once per process. Not a test: the machine is shared and noisy; only side-by-side ratios count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINT = ROOT / "evals" / "checkpoints" / "reach_act" / "final"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+sys.path.insert(0, str(ROOT))
+
+
+def worker(mode: str, where: str, threads: int, seeds: list[int], ready, go, results) -> None:
+    """One xdist-worker stand-in: build the model, warm up, wait for go, run the episodes."""
+    sys.path.insert(0, str(ROOT))
+    from evals.sims.reach import make_reach
+
+    if mode == "server":
+        from pytest_hud.agent.remote import RemotePolicy
+
+        model = RemotePolicy(where, timeout=120)
+    else:
+        import torch
+
+        from pytest_hud.agent.lerobot import LeRobotPolicy
+
+        if threads:
+            torch.set_num_threads(threads)
+        with contextlib.redirect_stderr(io.StringIO()):  # LeRobot's "Loading weights ..." line
+            model = LeRobotPolicy.from_checkpoint(where)
+    env = make_reach()
+    obs, _ = env.reset(seed=10**6)
+    model.predict({"state": obs["state"]}, prompt="")  # warm-up: connection / first forward
+    ready.put(os.getpid())
+    go.wait()
+    started = time.monotonic()
+    successes = steps = calls = 0
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        chunk: list = []
+        while True:
+            if not chunk:
+                chunk = list(model.predict({"state": obs["state"]}, prompt=""))
+                calls += 1
+            obs, _, terminated, truncated, info = env.step(chunk.pop(0))
+            steps += 1
+            if terminated or truncated:
+                successes += bool(info.get("is_success"))
+                break
+    results.put({"pid": os.getpid(), "episodes": len(seeds), "successes": successes, "steps": steps,
+                 "calls": calls, "seconds": time.monotonic() - started, "torch": "torch" in sys.modules})
+
+
+def rss_mib(pids: list[int]) -> float:
+    """Resident set size summed over ``pids`` (cheap: one small /proc read per process)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            continue
+    return total / 2**20
+
+
+def uss_mib(pids: list[int]) -> float:
+    """Unique set size summed over ``pids`` (reads every mapping: measured once, not sampled)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += getattr(psutil.Process(pid).memory_full_info(), "uss", 0)
+        except psutil.Error:
+            continue
+    return total / 2**20
+
+
+def start_server(workdir: str, workers: int) -> tuple[subprocess.Popen, str]:
+    announce = Path(workdir) / "policy-server.json"
+    log = Path(workdir) / "policy-server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_hud.agent.server", "--policy", str(CHECKPOINT), "--port", "0",
+             "--announce", str(announce), "--max-batch", str(workers)],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=out, stderr=out,
+        )
+    deadline = time.monotonic() + 180
+    while not announce.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"the policy server did not start:\n{log.read_text()}")
+        time.sleep(0.05)
+    return proc, json.loads(announce.read_text())["url"]
+
+
+def run(mode: str, where: str, workers: int, episodes: int, extra_pids: list[int], threads: int = 0) -> dict:
+    ctx = mp.get_context("spawn")  # fresh interpreters: server-mode workers never import torch
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=worker, args=(mode, where, threads, list(range(w * episodes, (w + 1) * episodes)),
+                                          ready, go, results))
+        for w in range(workers)
+    ]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    pids = [ready.get(timeout=300) for _ in procs]
+    startup = time.monotonic() - t0
+    uss = uss_mib(pids + extra_pids)  # loaded and warmed up
+    peak_rss = rss_mib(pids + extra_pids)
+    started = time.monotonic()
+    go.set()
+    done: list[dict] = []
+    while len(done) < workers:
+        try:
+            done.append(results.get(timeout=0.5))
+        except Exception:  # queue.Empty: sample memory while the episodes run
+            peak_rss = max(peak_rss, rss_mib(pids + extra_pids))
+            if time.monotonic() - started > 600:
+                raise SystemExit(f"{mode}: workers did not finish")
+    wall = time.monotonic() - started
+    for p in procs:
+        p.join(30)
+    total = sum(r["episodes"] for r in done)
+    return {
+        "mode": mode,
+        "startup_s": startup,
+        "wall_s": wall,
+        "episodes": total,
+        "episodes_per_hour": total / wall * 3600,
+        "success_rate": sum(r["successes"] for r in done) / total,
+        "steps": sum(r["steps"] for r in done),
+        "calls": sum(r["calls"] for r in done),
+        "rss_mib": peak_rss,
+        "uss_mib": uss,
+        "threads": threads,
+        "processes": len(pids) + len(extra_pids),
+        "torch_in_workers": any(r["torch"] for r in done),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=8, help="Worker processes per setup")
+    parser.add_argument("--episodes", type=int, default=100, help="Episodes per worker")
+    args = parser.parse_args()
+
+    import torch  # only to report its defaults; the workers import their own
+
+    print(f"PointReach + ACT ({CHECKPOINT.relative_to(ROOT)}), {args.workers} workers x {args.episodes} "
+          f"episodes per setup, {os.cpu_count()} CPUs, torch {torch.__version__} "
+          f"(default {torch.get_num_threads()} threads per process)")
+    with tempfile.TemporaryDirectory() as workdir:
+        server, url = start_server(workdir, args.workers)
+        try:
+            served = run("server", url, args.workers, args.episodes, [server.pid])
+            port = url.rsplit(":", 1)[1]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as response:
+                stats = json.loads(response.read())
+        finally:
+            server.terminate()
+            server.wait(10)
+    # Copies as users get them (torch's default threads in every worker), and tuned to one thread
+    # each, the best case for copies on a small machine.
+    copies = run("copies", str(CHECKPOINT), args.workers, args.episodes, [])
+    copies_1 = run("copies", str(CHECKPOINT), args.workers, args.episodes, [], threads=1)
+
+    for label, r in (("1 server + workers", served), ("copies, default thr.", copies),
+                     ("copies, 1 thread", copies_1)):
+        print(f"{label:<20} {r['episodes']:4d} episodes in {r['wall_s']:6.2f} s = {r['episodes_per_hour']:9.0f} "
+              f"episodes/h  success {r['success_rate']:.3f}  {r['calls']:4d} predicts  "
+              f"start-up {r['startup_s']:5.1f} s  RSS {r['rss_mib']:6.0f} MiB  USS {r['uss_mib']:5.0f} MiB  "
+              f"({r['processes']} processes, torch in workers: {r['torch_in_workers']})")
+    sizes = stats["batch_sizes"]
+    mean = sum(int(k) * v for k, v in sizes.items()) / max(1, sum(sizes.values()))
+    print(f"server: {stats['requests']} requests (warm-ups included) in {stats['forwards']} forwards "
+          f"(mean batch {mean:.2f}, max {stats['max_batch_seen']})")
+    for label, r in (("default threads", copies), ("1 thread", copies_1)):
+        print(f"ratio server / copies ({label}): episodes/h x{served['episodes_per_hour'] / r['episodes_per_hour']:.2f}"
+              f"   RSS x{served['rss_mib'] / r['rss_mib']:.2f}   USS x{served['uss_mib'] / r['uss_mib']:.2f}"
+              f"   start-up x{served['startup_s'] / r['startup_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
