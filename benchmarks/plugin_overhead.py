@@ -67,6 +67,8 @@ def in_process(sim: str, policy: str, n: int) -> tuple[float, float]:
     env_s = pol_s = 0.0
     env = build_env(sim)
     pol = build_policy(policy, env)
+    obs, _ = env.reset(seed=0)
+    pol.predict(obs if isinstance(obs, dict) else {"state": obs})  # warm-up (lazy inits)
     for seed in range(n):
         obs, _ = env.reset(seed=seed)
         queue: list = []
@@ -96,6 +98,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="cartpole")
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--policy-server", action="store_true",
+                        help="Serve the policy from one batched policy server (--hud-policy-server)")
     args = parser.parse_args()
     sim, policy, n = SUITES[args.suite]
     w = str(args.workers)
@@ -105,7 +109,8 @@ def main() -> None:
         (tmp / "naive").mkdir()
         (tmp / "naive" / "test_naive.py").write_text(NAIVE_TEST.format(sim=sim, policy=policy, n=n, bench=str(ROOT / "benchmarks")))
         base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", w]
-        hud_s = timed(base + [f"--hud-width={w}", f"--hud-results={results}",
+        extra = ["--hud-policy-server"] if args.policy_server else []
+        hud_s = timed(base + extra + [f"--hud-width={w}", f"--hud-results={results}",
                               str(EVALS / f"test_{args.suite}.py")], ROOT)
         naive_s = timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp)
         from pytest_hud.results import load_results
@@ -116,7 +121,8 @@ def main() -> None:
     steps = np.array([e.steps for e in episodes])
     overhead = durations.mean() - env_s - pol_s
     print(f"suite {args.suite}: {n} episodes, {steps.mean():.0f} steps/episode on average, -n {w}")
-    print(f"  pytest-hud (shared bridge, width {w}) wall {hud_s:6.2f} s")
+    served = ", policy server" if args.policy_server else ""
+    print(f"  pytest-hud (shared bridge, width {w}{served}) wall {hud_s:6.2f} s")
     print(f"  naive (env built per test, in-process) wall {naive_s:6.2f} s")
     print(f"  wall ratio naive / pytest-hud          {naive_s / hud_s:6.2f}")
     print(f"  per episode: duration {durations.mean() * 1e3:7.1f} ms = env {env_s * 1e3:6.1f} ms + policy "

@@ -11,10 +11,12 @@ executing each predicted chunk open-loop as the agent does:
 - **copies**: ``--workers`` processes that each load their own ``LeRobotPolicy``.
 
 Workers are spawned fresh, load (or connect), make one warm-up call, then wait; the clock starts
-when all are ready, so start-up is reported separately from episodes/hour. Memory is the resident
-set (RSS) summed over every process of a setup (the server included), sampled during the run (the
-peak is reported), plus the unique set size (USS), which does not count shared library pages
-once per process. Not a test: the machine is shared and noisy; only side-by-side ratios count.
+when all are ready, so start-up (the server's included) is reported separately from episodes/hour.
+Memory is the resident set (RSS) summed over every process of a setup (the server included),
+sampled during the run (the peak is reported), plus the unique set size (USS) once all are loaded,
+which does not count shared library pages once per process. Copies run twice: with torch's default
+thread count (what 8 xdist workers get) and with one thread each (their best case on few cores).
+Not a test: the machine is shared and noisy; only side-by-side ratios count.
 """
 
 from __future__ import annotations
@@ -180,9 +182,12 @@ def main() -> None:
           f"episodes per setup, {os.cpu_count()} CPUs, torch {torch.__version__} "
           f"(default {torch.get_num_threads()} threads per process)")
     with tempfile.TemporaryDirectory() as workdir:
+        t0 = time.monotonic()
         server, url = start_server(workdir, args.workers)
+        server_startup = time.monotonic() - t0
         try:
             served = run("server", url, args.workers, args.episodes, [server.pid])
+            served["startup_s"] += server_startup  # the workers only start once the server is up
             port = url.rsplit(":", 1)[1]
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as response:
                 stats = json.loads(response.read())
@@ -196,7 +201,8 @@ def main() -> None:
 
     for label, r in (("1 server + workers", served), ("copies, default thr.", copies),
                      ("copies, 1 thread", copies_1)):
-        print(f"{label:<20} {r['episodes']:4d} episodes in {r['wall_s']:6.2f} s = {r['episodes_per_hour']:9.0f} "
+        print(f"{label:<20} {r['episodes']:4d} episodes in {r['wall_s']:6.2f} s = "
+              f"{r['episodes_per_hour']:9.0f} "
               f"episodes/h  success {r['success_rate']:.3f}  {r['calls']:4d} predicts  "
               f"start-up {r['startup_s']:5.1f} s  RSS {r['rss_mib']:6.0f} MiB  USS {r['uss_mib']:5.0f} MiB  "
               f"({r['processes']} processes, torch in workers: {r['torch_in_workers']})")
@@ -205,7 +211,8 @@ def main() -> None:
     print(f"server: {stats['requests']} requests (warm-ups included) in {stats['forwards']} forwards "
           f"(mean batch {mean:.2f}, max {stats['max_batch_seen']})")
     for label, r in (("default threads", copies), ("1 thread", copies_1)):
-        print(f"ratio server / copies ({label}): episodes/h x{served['episodes_per_hour'] / r['episodes_per_hour']:.2f}"
+        speed = served["episodes_per_hour"] / r["episodes_per_hour"]
+        print(f"ratio server / copies ({label}): episodes/h x{speed:.2f}"
               f"   RSS x{served['rss_mib'] / r['rss_mib']:.2f}   USS x{served['uss_mib'] / r['uss_mib']:.2f}"
               f"   start-up x{served['startup_s'] / r['startup_s']:.2f}")
 

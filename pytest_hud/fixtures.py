@@ -251,18 +251,18 @@ class RobotAgent:
 
     def run(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
         """Run ``episode`` to its end (claiming it first if needed) and return its result."""
+        agent = self.agent_for(episode)  # load the model before claiming: warm-up holds no slot
         if episode.token is None and episode.grade_data is None:
             with episode:
-                return self.run(episode, max_steps)
-        agent = self.agent_for(episode)
+                return agent.run(episode, max_steps if max_steps is not None else self.max_steps)
         return agent.run(episode, max_steps if max_steps is not None else self.max_steps)
 
     async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
         """asyncio version of :meth:`run`."""
+        agent = await asyncio.to_thread(self.agent_for, episode)
         if episode.token is None and episode.grade_data is None:
             async with episode:  # type: ignore[attr-defined]
-                return await self.arun(episode, max_steps)
-        agent = await asyncio.to_thread(self.agent_for, episode)
+                return await agent.arun(episode, max_steps if max_steps is not None else self.max_steps)
         return await agent.arun(episode, max_steps if max_steps is not None else self.max_steps)
 
     @property
