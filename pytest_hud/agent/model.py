@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..contract import Contract
+from .lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
 
 __all__ = ["Model", "PolicyError", "as_model", "load_policy", "policy_kind", "policy_content_hash"]
 
@@ -65,15 +66,11 @@ def as_model(obj: Any) -> Any:
     )
 
 
-def _is_lerobot_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file() and (path / "model.safetensors").is_file()
-
-
 def policy_kind(spec: str) -> str:
     """``openpi`` for ws:// URLs, ``lerobot`` for checkpoint directories, else ``factory``."""
     if spec.startswith(("ws://", "wss://")):
         return "openpi"
-    if _is_lerobot_dir(Path(spec).expanduser()):
+    if looks_like_lerobot_checkpoint(Path(spec).expanduser()):
         return "lerobot"
     if ":" in spec:
         return "factory"
@@ -133,17 +130,15 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
 
         return RemotePolicy(spec, **{k: v for k, v in options.items() if k in ("timeout",)})
     if kind == "lerobot":
-        try:
-            from .lerobot import LeRobotPolicy
-        except ImportError as exc:
-            raise PolicyError(
-                f"policy {spec!r} is a LeRobot checkpoint but LeRobot is not importable ({exc}); "
-                "install it with: pip install 'pytest-hud[lerobot]'"
-            ) from None
+        from .lerobot import LeRobotPolicy
+
         shapes = {k: (tuple(f.shape), f.type) for k, f in contract.observation_features.items()}
-        return LeRobotPolicy.from_checkpoint(
-            spec, shapes, device=options.get("device", "cpu"), n_action_steps=options.get("n_action_steps")
-        )
+        try:
+            return LeRobotPolicy.from_checkpoint(
+                spec, shapes, device=options.get("device", "cpu"), n_action_steps=options.get("n_action_steps")
+            )
+        except ImportError as exc:  # its message already names the fix
+            raise PolicyError(str(exc)) from None
     from ..sim.target import TargetError, resolve_factory
 
     try:
