@@ -588,6 +588,8 @@ class HudController:
                 report.when = "setup"  # count it as an error
 
     def _add(self, record: EpisodeRecord) -> None:
+        if not record.reused:
+            record.finished_at = time.time()
         with self._lock:
             self.records[record.nodeid] = record
             if self.writer is not None:

@@ -82,6 +82,7 @@ class EpisodeRecord:
     worker: str | None = None
     error: str | None = None
     reused: bool = False
+    finished_at: float | None = None  # epoch seconds when the controller received it
     artefacts: dict[str, str] = field(default_factory=dict)
     identity: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -123,7 +124,9 @@ def aggregate(
     """Per-task success rate with a 95% Wilson interval, errors, mean return and throughput.
 
     Errors are not failures: they are excluded from ``n`` and counted separately (coverage).
-    ``episodes_per_hour`` uses ``wall_s`` (the run's wall time) when given, else summed durations.
+    ``episodes_per_hour`` is the task's own throughput: its episodes over the span from its first
+    episode's start to its last one's end (``finished_at - duration_s``); without timestamps, over
+    ``wall_s`` (the run's wall time) when given, else over the summed durations.
     """
     by_task: dict[str, list[EpisodeRecord]] = {}
     for rec in episodes:
@@ -139,7 +142,11 @@ def aggregate(
         returns = [r.total_reward for r in graded if r.total_reward is not None]
         steps = [r.steps for r in graded if r.steps is not None]
         ran = [r for r in recs if not r.reused and r.outcome != "skipped"]
-        busy = wall_s if wall_s else sum(r.duration_s or 0.0 for r in ran)
+        stamped = [r for r in ran if r.finished_at is not None and r.duration_s is not None]
+        if stamped and len(stamped) == len(ran):
+            busy = max(r.finished_at for r in stamped) - min(r.finished_at - r.duration_s for r in stamped)
+        else:
+            busy = wall_s if wall_s else sum(r.duration_s or 0.0 for r in ran)
         out[task] = TaskSummary(
             task=task,
             n=n,

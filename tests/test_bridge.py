@@ -45,11 +45,13 @@ def run_threads(*targets):
 def test_two_concurrent_episodes_each_get_their_own_slot_data_and_grade(bridge):
     address = bridge(COUNTER, 2)
     results = {}
+    controls = {seed: ControlClient(address) for seed in (3, 6)}
+    claims = {seed: control.reset(seed=seed) for seed, control in controls.items()}  # both held at once
 
     def episode(seed):
         def go():
-            with ControlClient(address) as control:
-                claim = control.reset(seed=seed)
+            with controls[seed] as control:
+                claim = claims[seed]
                 seen = []
                 with SlotClient(address, claim.token) as slot:
                     frame = slot.first_observation
