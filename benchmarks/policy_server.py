@@ -1,6 +1,6 @@
 """One policy server for 8 workers vs 8 per-worker model copies: episodes/hour and memory, one run.
 
-    .venv-lerobot/bin/python benchmarks/policy_server.py [--workers 8] [--episodes 100]
+    .venv-lerobot/bin/python benchmarks/policy_server.py [--workers 8] [--episodes 50]
 
 Both setups run the same episodes of the PointReach sim (``evals/sims/reach.py:make_reach``, env
 in each worker process) with the shipped ACT checkpoint (``evals/checkpoints/reach_act/final``),
@@ -14,8 +14,9 @@ Workers are spawned fresh, load (or connect), make one warm-up call, then wait; 
 when all are ready, so start-up (the server's included) is reported separately from episodes/hour.
 Memory is the resident set (RSS) summed over every process of a setup (the server included),
 sampled during the run (the peak is reported), plus the unique set size (USS) once all are loaded,
-which does not count shared library pages once per process. Copies run twice: with torch's default
-thread count (what 8 xdist workers get) and with one thread each (their best case on few cores).
+which does not count shared library pages once per process. Both setups run twice: with torch's
+default thread count (what users get) and with one torch thread per process (server ``--threads 1``),
+the best case on a small machine, where per-core threads spin-wait against each other.
 Not a test: the machine is shared and noisy; only side-by-side ratios count.
 """
 
@@ -106,13 +107,13 @@ def uss_mib(pids: list[int]) -> float:
     return total / 2**20
 
 
-def start_server(workdir: str, workers: int) -> tuple[subprocess.Popen, str]:
-    announce = Path(workdir) / "policy-server.json"
-    log = Path(workdir) / "policy-server.log"
+def start_server(workdir: str, workers: int, threads: int) -> tuple[subprocess.Popen, str]:
+    announce = Path(workdir) / f"policy-server-{threads}.json"
+    log = Path(workdir) / f"policy-server-{threads}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pytest_hud.agent.server", "--policy", str(CHECKPOINT), "--port", "0",
-             "--announce", str(announce), "--max-batch", str(workers)],
+             "--announce", str(announce), "--max-batch", str(workers), "--threads", str(threads)],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=out, stderr=out,
         )
     deadline = time.monotonic() + 180
@@ -173,7 +174,7 @@ def run(mode: str, where: str, workers: int, episodes: int, extra_pids: list[int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=8, help="Worker processes per setup")
-    parser.add_argument("--episodes", type=int, default=100, help="Episodes per worker")
+    parser.add_argument("--episodes", type=int, default=50, help="Episodes per worker")
     args = parser.parse_args()
 
     import torch  # only to report its defaults; the workers import their own
@@ -181,12 +182,38 @@ def main() -> None:
     print(f"PointReach + ACT ({CHECKPOINT.relative_to(ROOT)}), {args.workers} workers x {args.episodes} "
           f"episodes per setup, {os.cpu_count()} CPUs, torch {torch.__version__} "
           f"(default {torch.get_num_threads()} threads per process)")
+    rows = []
+    for threads in (0, 1):  # torch's default (what users get), then one thread per process
+        rows.append((threads, serve_and_run(args.workers, args.episodes, threads),
+                     run("copies", str(CHECKPOINT), args.workers, args.episodes, [], threads)))
+
+    for threads, (served, stats), copies in rows:
+        kind = "default threads" if not threads else f"{threads} thread"
+        for label, r in ((f"1 server + workers, {kind}", served), (f"per-worker copies, {kind}", copies)):
+            print(f"{label:<36} {r['episodes']:4d} episodes in {r['wall_s']:6.2f} s = "
+                  f"{r['episodes_per_hour']:9.0f} episodes/h  success {r['success_rate']:.3f}  "
+                  f"start-up {r['startup_s']:5.1f} s  RSS {r['rss_mib']:6.0f} MiB  "
+                  f"USS {r['uss_mib']:5.0f} MiB  "
+                  f"({r['processes']} processes, torch in workers: {r['torch_in_workers']})")
+        sizes = stats["batch_sizes"]
+        mean = sum(int(k) * v for k, v in sizes.items()) / max(1, sum(sizes.values()))
+        print(f"  server: {stats['requests']} requests (warm-ups included) in {stats['forwards']} forwards "
+              f"(mean batch {mean:.2f}, max {stats['max_batch_seen']})")
+        speed = served["episodes_per_hour"] / copies["episodes_per_hour"]
+        print(f"  ratio server / copies ({kind}): episodes/h x{speed:.2f}   "
+              f"RSS x{served['rss_mib'] / copies['rss_mib']:.2f}   "
+              f"USS x{served['uss_mib'] / copies['uss_mib']:.2f}   "
+              f"start-up x{served['startup_s'] / copies['startup_s']:.2f}")
+
+
+def serve_and_run(workers: int, episodes: int, threads: int) -> tuple[dict, dict]:
+    """Start a server, run the workers against it, and return (result, the server's stats)."""
     with tempfile.TemporaryDirectory() as workdir:
         t0 = time.monotonic()
-        server, url = start_server(workdir, args.workers)
+        server, url = start_server(workdir, workers, threads)
         server_startup = time.monotonic() - t0
         try:
-            served = run("server", url, args.workers, args.episodes, [server.pid])
+            served = run("server", url, workers, episodes, [server.pid])
             served["startup_s"] += server_startup  # the workers only start once the server is up
             port = url.rsplit(":", 1)[1]
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as response:
@@ -194,27 +221,7 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(10)
-    # Copies as users get them (torch's default threads in every worker), and tuned to one thread
-    # each, the best case for copies on a small machine.
-    copies = run("copies", str(CHECKPOINT), args.workers, args.episodes, [])
-    copies_1 = run("copies", str(CHECKPOINT), args.workers, args.episodes, [], threads=1)
-
-    for label, r in (("1 server + workers", served), ("copies, default thr.", copies),
-                     ("copies, 1 thread", copies_1)):
-        print(f"{label:<20} {r['episodes']:4d} episodes in {r['wall_s']:6.2f} s = "
-              f"{r['episodes_per_hour']:9.0f} "
-              f"episodes/h  success {r['success_rate']:.3f}  {r['calls']:4d} predicts  "
-              f"start-up {r['startup_s']:5.1f} s  RSS {r['rss_mib']:6.0f} MiB  USS {r['uss_mib']:5.0f} MiB  "
-              f"({r['processes']} processes, torch in workers: {r['torch_in_workers']})")
-    sizes = stats["batch_sizes"]
-    mean = sum(int(k) * v for k, v in sizes.items()) / max(1, sum(sizes.values()))
-    print(f"server: {stats['requests']} requests (warm-ups included) in {stats['forwards']} forwards "
-          f"(mean batch {mean:.2f}, max {stats['max_batch_seen']})")
-    for label, r in (("default threads", copies), ("1 thread", copies_1)):
-        speed = served["episodes_per_hour"] / r["episodes_per_hour"]
-        print(f"ratio server / copies ({label}): episodes/h x{speed:.2f}"
-              f"   RSS x{served['rss_mib'] / r['rss_mib']:.2f}   USS x{served['uss_mib'] / r['uss_mib']:.2f}"
-              f"   start-up x{served['startup_s'] / r['startup_s']:.2f}")
+    return served, stats
 
 
 if __name__ == "__main__":

@@ -112,7 +112,8 @@ class HudSession:
                 except RpcError as exc:
                     raise EpisodeError(f"no policy server for {policy!r}: {exc.message}") from None
             try:
-                model = load_policy(spec, contract, n_action_steps=self.settings.get("n_action_steps"))
+                model = load_policy(spec, contract, n_action_steps=self.settings.get("n_action_steps"),
+                                    timeout=float(self.settings.get("first_action_timeout") or 300))
             except PolicyError as exc:
                 raise EpisodeError(str(exc)) from None
             agent = Agent(

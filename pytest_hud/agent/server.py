@@ -1,0 +1,544 @@
+"""``python -m pytest_hud.agent.server --policy SPEC``: one model copy serving many episodes.
+
+An openpi-compatible policy server that batches. Every connection gets a metadata frame first (the
+policy's own ``metadata`` dict, if it has one, plus ``{"server": "pytest-hud/policy/1",
+"batching": true, ...}``); then each binary msgpack observation frame (a map of feature arrays,
+optionally with a ``"prompt"`` string, as openpi clients send) is answered with
+``{"actions": float32 [T, A], "server_timing": {"infer_ms", "prev_total_ms", ...}}``.
+
+Requests from all connections are coalesced: the first waiting request opens a short window
+(``--batch-window-ms``, default 2) and everything that arrives within it, or until ``--max-batch``
+requests wait, goes to the model in one ``predict_batch(observations, prompts)`` call (a loop over
+``predict`` for models without one). The model runs on one worker thread, one batch at a time, and
+the next batch gathers while it runs. Each caller gets its own row. ``--threads N`` sets torch's
+intra-op threads (on a CPU shared with sims, one thread often beats torch's one per core).
+
+A request that fails fails only its caller: it gets a text frame with the error (and the
+traceback, as openpi's server sends) and its connection closes. When a batched call raises, the
+batch's requests are retried one by one so only the culprit fails. Observations with different
+keys or shapes never share a forward.
+
+Which contract the policy is loaded for:
+
+- ``--contract PATH`` (a ``contract.json``): ``load_policy(spec, contract)``, exactly as a worker
+  would load it, so a LeRobot checkpoint's input features are checked against it up front;
+- no ``--contract``, a LeRobot checkpoint: loaded on its own; the checkpoint's input features *are*
+  what clients must send (``state`` / ``observation.state`` / ...; see
+  :func:`pytest_hud.agent.lerobot.lerobot_feature_name`), and a request that cannot feed it fails
+  with a message listing both sides;
+- no ``--contract``, a ``module:factory``: a factory that takes an argument is called with
+  ``None`` (pass ``--contract`` if yours needs one), one that takes none is called without.
+
+HTTP on the same port: ``GET /healthz`` answers ``200 OK`` (as openpi's server does) and
+``GET /stats`` a JSON object counting requests, forwards and batch sizes.
+
+Once bound, the server writes its announce file (mode 0600, atomic)
+``{"ws": PORT, "pid": PID, "host": HOST, "url": "ws://HOST:PORT"}`` and exits by itself when its
+parent process dies (``--parent-pid``, default: the process that started it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.server import Request, Response, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+
+from ..contract import flatten_observation
+from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
+
+__all__ = ["PROTOCOL", "PolicyServer", "RequestError", "load_server_policy", "main"]
+
+PROTOCOL = "pytest-hud/policy/1"
+PROMPT_KEY = "prompt"  # the key openpi clients put the task instruction under
+
+
+class RequestError(ValueError):
+    """A request the server cannot serve (bad frame, or the policy raised on it)."""
+
+
+@dataclass
+class _Pending:
+    observation: dict[str, Any]
+    prompt: str | None
+    future: asyncio.Future
+    enqueued: float  # loop.time() when it arrived
+
+
+@dataclass
+class _Outcome:
+    """What the worker thread hands back for one batch."""
+
+    rows: list[np.ndarray | BaseException]
+    forwards: int
+    forward_s: float
+
+
+def _signature(observation: Mapping[str, Any]) -> tuple:
+    """Observations with equal signatures (keys, shapes, dtypes) can be stacked into one forward."""
+    return tuple(
+        sorted((key, np.shape(value), str(np.asarray(value).dtype))
+               for key, value in observation.items())
+    )
+
+
+def _as_chunk(row: Any) -> np.ndarray:
+    """A model's output for one observation as float32 ``[T, A]`` (``[A]`` is a chunk of one)."""
+    actions = np.asarray(row, dtype=np.float32)
+    if actions.ndim == 0:
+        return actions.reshape(1, 1)
+    if actions.ndim == 1:
+        return actions[None, :]
+    return np.ascontiguousarray(actions)
+
+
+def _error_text(what: str, exc: BaseException) -> str:
+    # A readable first line, then the traceback (openpi's server sends the traceback as the text
+    # frame so that remote debugging needs no access to the server's logs).
+    body = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return f"{what}: {type(exc).__name__}: {exc}\n\n{body}"
+
+
+class PolicyServer:
+    """Serves ``model`` over the openpi protocol, batching concurrent requests.
+
+    ::
+
+        server = PolicyServer(model, batch_window_s=0.002)
+        port = await server.start("127.0.0.1", 0)
+        ...
+        await server.close()
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        batch_window_s: float = 0.002,
+        max_batch: int = 0,
+        metadata: Mapping[str, Any] | None = None,
+        name: str = "policy",
+    ) -> None:
+        if batch_window_s < 0:
+            raise ValueError(f"batch window must be >= 0 seconds, got {batch_window_s}")
+        if max_batch < 0:
+            raise ValueError(f"max batch must be >= 0 (0: no limit), got {max_batch}")
+        self.model = model
+        self.batch_window_s = batch_window_s
+        self.max_batch = max_batch
+        self.name = name
+        policy_metadata = getattr(model, "metadata", None)
+        self.metadata: dict[str, Any] = dict(policy_metadata) if isinstance(policy_metadata, Mapping) else {}
+        self.metadata.update(metadata or {})
+        self.metadata.update(
+            {
+                "server": PROTOCOL,
+                "batching": True,
+                "batch_window_ms": batch_window_s * 1000.0,
+                "max_batch": max_batch,
+            }
+        )
+        packb(self.metadata)  # fail at start-up, not on the first connection
+        self._predict_batch = getattr(model, "predict_batch", None)
+        if not callable(self._predict_batch):
+            self._predict_batch = None
+        self.started = time.monotonic()
+        self.stats: dict[str, Any] = {
+            "requests": 0,  # observation frames received
+            "replies": 0,  # action frames sent
+            "errors": 0,  # requests answered with an error frame
+            "batches": 0,  # batches handed to the worker thread
+            "forwards": 0,  # model calls (predict_batch, or predict for models without it)
+            "batch_sizes": {},  # batch size -> how many batches had it
+            "max_batch_seen": 0,
+            "connections": 0,  # open now
+            "connections_total": 0,
+        }
+        self.port = 0
+        self._waiting: deque[_Pending] = deque()
+        self._arrived: asyncio.Event | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hud-policy")
+        self._batcher: asyncio.Task | None = None
+        self._server: Any = None
+
+    # ------------------------------------------------------------- lifecycle
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Bind and start serving; returns the bound port."""
+        self._arrived = asyncio.Event()
+        self._batcher = asyncio.create_task(self._batch_loop(), name="hud-policy-batcher")
+        self._server = await serve(
+            self._serve_connection,
+            host,
+            port,
+            compression=None,
+            max_size=MAX_FRAME_BYTES,
+            ping_interval=None,  # a first forward may legitimately take minutes (warm-up, JIT)
+            process_request=self._http,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def close(self) -> None:
+        """Stop serving; requests still waiting are failed (a running forward is abandoned)."""
+        if self._server is not None:
+            self._server.close()
+        if self._batcher is not None:
+            self._batcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._batcher
+        while self._waiting:
+            pending = self._waiting.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(RequestError("the policy server is shutting down"))
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5.0)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The stats as builtin types (what ``GET /stats`` answers)."""
+        stats = dict(self.stats)
+        stats["batch_sizes"] = {str(k): v for k, v in sorted(self.stats["batch_sizes"].items())}
+        stats["uptime_s"] = round(time.monotonic() - self.started, 3)
+        stats["pid"] = os.getpid()
+        stats["policy"] = self.name
+        return stats
+
+    # ------------------------------------------------------------------ HTTP
+    def _http(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if path == "/stats":
+            response = connection.respond(http.HTTPStatus.OK, json.dumps(self.snapshot()) + "\n")
+            del response.headers["Content-Type"]
+            response.headers["Content-Type"] = "application/json"
+            return response
+        return None  # the WebSocket handshake
+
+    # ------------------------------------------------------------ connection
+    async def _serve_connection(self, ws: ServerConnection) -> None:
+        self.stats["connections"] += 1
+        self.stats["connections_total"] += 1
+        try:
+            await ws.send(packb(self.metadata))
+            prev_total_s: float | None = None
+            while True:
+                # As openpi's server: a cycle runs from waiting for the request to the reply sent,
+                # and is reported in the *next* reply (the send time is only known afterwards).
+                start = time.monotonic()
+                raw = await ws.recv()
+                self.stats["requests"] += 1
+                try:
+                    observation, prompt = self._parse(raw)
+                except RequestError as exc:
+                    await self._fail(ws, f"policy server ({self.name}): {exc}", CloseCode.INVALID_DATA)
+                    return
+                loop = asyncio.get_running_loop()
+                pending = _Pending(observation, prompt, loop.create_future(), loop.time())
+                self._waiting.append(pending)
+                assert self._arrived is not None
+                self._arrived.set()
+                try:
+                    actions, timing = await pending.future
+                except Exception as exc:  # noqa: BLE001 - the policy's error goes to its caller only
+                    await self._fail(
+                        ws,
+                        _error_text(f"policy server ({self.name}): the policy failed on this request", exc),
+                        CloseCode.INTERNAL_ERROR,
+                    )
+                    return
+                if prev_total_s is not None:
+                    timing["prev_total_ms"] = prev_total_s * 1000.0
+                await ws.send(packb({"actions": actions, "server_timing": timing}))
+                self.stats["replies"] += 1
+                prev_total_s = time.monotonic() - start
+        except ConnectionClosed:
+            pass
+        finally:
+            self.stats["connections"] -= 1
+
+    def _parse(self, raw: bytes | str) -> tuple[dict[str, Any], str | None]:
+        if isinstance(raw, str):
+            raise RequestError("observation frames must be binary msgpack, not text")
+        try:
+            frame = unpackb(raw)
+        except WireError as exc:
+            raise RequestError(f"cannot decode the observation frame: {exc}") from None
+        if not isinstance(frame, dict):
+            raise RequestError(f"an observation frame must be a map, got a {type(frame).__name__}")
+        prompt = frame.pop(PROMPT_KEY, None)
+        if prompt is not None and not isinstance(prompt, str):
+            raise RequestError(f"'prompt' must be a string, got a {type(prompt).__name__}")
+        # Nested maps (openpi examples such as {"images": {"cam_high": ...}}) become slash keys,
+        # the names a contract gives them.
+        observation = flatten_observation(frame) if frame else {}
+        return observation, prompt
+
+    async def _fail(self, ws: ServerConnection, text: str, code: CloseCode) -> None:
+        """Send the error as a text frame, then close (as openpi's server does)."""
+        self.stats["errors"] += 1
+        reason = "Internal server error. Traceback included in previous frame."
+        if code is not CloseCode.INTERNAL_ERROR:
+            reason = "Bad request. Reason included in previous frame."
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(text)
+            await ws.close(code, reason)
+
+    # -------------------------------------------------------------- batching
+    async def _batch_loop(self) -> None:
+        assert self._arrived is not None
+        arrived, waiting = self._arrived, self._waiting
+        loop = asyncio.get_running_loop()
+        while True:
+            while not waiting:
+                arrived.clear()
+                await arrived.wait()
+            # The oldest waiting request opens the window; requests that queued up while the
+            # previous batch ran are already past it and go at once.
+            deadline = waiting[0].enqueued + self.batch_window_s
+            while (not self.max_batch or len(waiting) < self.max_batch) and loop.time() < deadline:
+                arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), deadline - loop.time())
+            take = len(waiting) if not self.max_batch else min(self.max_batch, len(waiting))
+            batch = [waiting.popleft() for _ in range(take)]
+            live = [p for p in batch if not p.future.done()]  # callers that went away are skipped
+            if not live:
+                continue
+            started = loop.time()
+            try:
+                outcome = await loop.run_in_executor(
+                    self._executor, self._forward, [p.observation for p in live], [p.prompt for p in live]
+                )
+            except Exception as exc:  # noqa: BLE001 - never let the batcher die
+                outcome = _Outcome([exc] * len(live), 0, 0.0)
+            self._count(len(live), outcome.forwards)
+            for pending, row in zip(live, outcome.rows):
+                if pending.future.done():
+                    continue
+                if isinstance(row, BaseException):
+                    pending.future.set_exception(row)
+                else:
+                    pending.future.set_result(
+                        (
+                            row,
+                            {
+                                "infer_ms": outcome.forward_s * 1000.0,
+                                "queue_ms": (started - pending.enqueued) * 1000.0,
+                                "batch_size": len(live),
+                            },
+                        )
+                    )
+
+    def _count(self, size: int, forwards: int) -> None:
+        self.stats["batches"] += 1
+        self.stats["forwards"] += forwards
+        sizes = self.stats["batch_sizes"]
+        sizes[size] = sizes.get(size, 0) + 1
+        self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], size)
+
+    # ----------------------------------------------------- the worker thread
+    def _batched(self, observations: list[dict[str, Any]], prompts: list[str | None]) -> list[np.ndarray]:
+        assert self._predict_batch is not None
+        rows = list(self._predict_batch(observations, prompts))
+        if len(rows) != len(observations):
+            raise RequestError(
+                f"the policy's predict_batch returned {len(rows)} rows for {len(observations)} "
+                "observations; it must return one action chunk per observation"
+            )
+        return [_as_chunk(row) for row in rows]
+
+    def _forward(self, observations: list[dict[str, Any]], prompts: list[str | None]) -> _Outcome:
+        """Runs on the worker thread: one model call per group of stackable observations."""
+        t0 = time.monotonic()
+        rows: list[np.ndarray | BaseException] = [RequestError("not computed")] * len(observations)
+        forwards = 0
+        if self._predict_batch is None:  # a plain Model: one predict per request
+            for i, (observation, prompt) in enumerate(zip(observations, prompts)):
+                forwards += 1
+                try:
+                    rows[i] = _as_chunk(self.model.predict(observation, prompt))
+                except Exception as exc:  # noqa: BLE001 - fails this request only
+                    rows[i] = exc
+            return _Outcome(rows, forwards, time.monotonic() - t0)
+        groups: dict[tuple, list[int]] = {}
+        for index, observation in enumerate(observations):
+            groups.setdefault(_signature(observation), []).append(index)
+        for indices in groups.values():
+            forwards += 1
+            try:
+                batch = self._batched([observations[i] for i in indices], [prompts[i] for i in indices])
+                for i, row in zip(indices, batch):
+                    rows[i] = row
+                continue
+            except Exception as exc:  # noqa: BLE001
+                if len(indices) == 1:
+                    rows[indices[0]] = exc
+                    continue
+            # The batched call raised: retry one by one, so only the request that makes the
+            # policy raise fails.
+            for i in indices:
+                forwards += 1
+                try:
+                    rows[i] = self._batched([observations[i]], [prompts[i]])[0]
+                except Exception as exc:  # noqa: BLE001
+                    rows[i] = exc
+        return _Outcome(rows, forwards, time.monotonic() - t0)
+
+
+# --------------------------------------------------------------------------- loading
+def load_server_policy(spec: str, contract_path: str | None = None, device: str = "cpu") -> Any:
+    """The model a server ``--policy`` spec names (see the module docstring for the contract rules)."""
+    from ..contract import Contract
+    from .model import PolicyError, load_policy, policy_kind
+
+    kind = policy_kind(spec)
+    if kind == "openpi":
+        raise PolicyError(
+            f"--policy {spec!r} is a policy-server URL; the server serves a local policy "
+            "(a LeRobot checkpoint directory or 'module:factory'); point --hud-policy at the URL instead"
+        )
+    if contract_path:
+        return load_policy(spec, Contract.load(contract_path), device=device)
+    if kind == "lerobot":
+        try:
+            from .lerobot import LeRobotPolicy
+        except ImportError as exc:
+            raise PolicyError(
+                f"policy {spec!r} is a LeRobot checkpoint but LeRobot is not importable ({exc}); "
+                "install it with: pip install 'pytest-hud[lerobot]'"
+            ) from None
+        return LeRobotPolicy.from_checkpoint(spec, None, device=device)
+    return load_policy(spec, None, device=device)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ CLI
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m pytest_hud.agent.server",
+        description="Serve one policy to many clients over the openpi protocol, batching their requests.",
+    )
+    p.add_argument("--policy", required=True,
+                   help="A LeRobot checkpoint directory, 'module:factory' or 'path/to/file.py:factory'")
+    p.add_argument("--port", type=int, default=8000, help="Port to bind (0: any free port; default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="Interface to bind (loopback by default)")
+    p.add_argument("--contract", default=None,
+                   help="Load the policy for this contract.json (checked up front)")
+    p.add_argument("--batch-window-ms", type=float, default=2.0,
+                   help="How long the first waiting request waits for others to join its batch")
+    p.add_argument("--max-batch", type=int, default=0,
+                   help="Run a batch as soon as this many requests wait (0: no limit)")
+    p.add_argument("--announce", default=None, help="Write the announce JSON here (mode 0600) once serving")
+    p.add_argument("--device", default="cpu", help="Torch device for LeRobot checkpoints")
+    p.add_argument("--threads", type=int, default=0,
+                   help="Torch intra-op threads for the model (0: torch's default, one per core)")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="Exit when this process dies (default: the parent process)")
+    return p.parse_args(argv)
+
+
+def _write_announce(path: str, payload: dict[str, Any]) -> None:
+    """Atomic and mode 0600: a reader never sees a partial file."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(payload, fh)
+    os.replace(tmp, target)
+
+
+def _parent_alive(pid: int) -> bool:
+    if os.getppid() != pid:  # re-parented: the parent is gone
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def _serve(args: argparse.Namespace, model: Any, parent: int) -> int:
+    server = PolicyServer(
+        model,
+        batch_window_s=args.batch_window_ms / 1000.0,
+        max_batch=args.max_batch,
+        metadata={"policy": args.policy},
+        name=args.policy,
+    )
+    try:
+        port = await server.start(args.host, args.port)
+    except OSError as exc:
+        print(f"pytest-hud policy server: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    payload = {"ws": port, "pid": os.getpid(), "host": args.host, "url": f"ws://{args.host}:{port}"}
+    if args.announce:
+        _write_announce(args.announce, payload)
+    print(f"pytest-hud policy server: serving {args.policy} on ws://{args.host}:{port} "
+          f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+    try:
+        while not stop.is_set():
+            if parent > 1 and not _parent_alive(parent):
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.25)
+    finally:
+        if args.announce:
+            with contextlib.suppress(OSError):
+                os.unlink(args.announce)
+        await server.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    parent = args.parent_pid if args.parent_pid is not None else os.getppid()
+    if args.batch_window_ms < 0 or args.max_batch < 0 or args.threads < 0:
+        print("pytest-hud policy server: --batch-window-ms, --max-batch and --threads must be >= 0",
+              file=sys.stderr)
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local folder; never reach out
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        model = load_server_policy(args.policy, args.contract, args.device)
+    except Exception as exc:  # noqa: BLE001 - any load failure is reported the same way
+        print(f"pytest-hud policy server: cannot load policy {args.policy!r}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 2
+    if args.threads and "torch" in sys.modules:
+        # On a CPU shared with sims and workers, torch's one-thread-per-core default can spin-wait
+        # itself to a crawl; a small model often runs best on one thread.
+        sys.modules["torch"].set_num_threads(args.threads)
+    return asyncio.run(_serve(args, model, parent))
+
+
+if __name__ == "__main__":
+    # os._exit: a forward still running on the worker thread (or a library's non-daemon thread)
+    # must not keep an orphaned server alive.
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

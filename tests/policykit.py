@@ -1,0 +1,103 @@
+"""Small policies for the policy-server tests (specs such as ``tests/policykit.py:echo``), and a
+helper that starts the server as a subprocess.
+
+numpy only: the server tests run in the core environment, without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+HORIZON = 3  # rows per action chunk
+
+
+def expected_chunk(state: np.ndarray, prompt: str | None = None) -> np.ndarray:
+    """What :class:`EchoPolicy` answers: row ``t`` is ``[*state, t, len(prompt)]``.
+
+    Every caller sends a different state, so a reply that went to the wrong caller is detectable.
+    """
+    state = np.asarray(state, dtype=np.float32).reshape(-1)
+    tail = [[t, len(prompt or "")] for t in range(HORIZON)]
+    return np.concatenate([np.tile(state, (HORIZON, 1)), np.asarray(tail, np.float32)], axis=1)
+
+
+class EchoPolicy:
+    """A batched policy whose actions depend on each caller's observation and prompt.
+
+    Each forward sleeps ``forward_s`` (a model's cost, so concurrent callers have time to pile up).
+    An observation whose ``state[0]`` is negative makes it raise, as a policy fed garbage would.
+    """
+
+    metadata = {"robot": "policykit", "horizon": HORIZON}
+
+    def __init__(self, forward_s: float = 0.005) -> None:
+        self.forward_s = forward_s
+        self.batch_sizes: list[int] = []
+
+    def predict_batch(self, observations, prompts):
+        self.batch_sizes.append(len(observations))
+        time.sleep(self.forward_s)
+        states = np.stack([np.asarray(obs["state"], np.float32) for obs in observations])
+        if (states[:, 0] < 0).any():
+            raise ValueError(f"state[0] must be >= 0, got {states[:, 0].min():g}")
+        return [expected_chunk(state, prompt) for state, prompt in zip(states, prompts)]
+
+    def predict(self, observation, prompt=None):
+        return self.predict_batch([observation], [prompt])[0]
+
+
+class LoopPolicy:
+    """The same answers without ``predict_batch``: the server loops over ``predict``."""
+
+    def predict(self, observation, prompt=None):
+        state = np.asarray(observation["state"], np.float32)
+        if state[0] < 0:
+            raise ValueError("state[0] must be >= 0")
+        return expected_chunk(state, prompt)
+
+
+def echo() -> EchoPolicy:
+    return EchoPolicy()
+
+
+def loop() -> LoopPolicy:
+    return LoopPolicy()
+
+
+# ------------------------------------------------------------------------------ the server
+def start_server(tmp_path: Path, policy: str, *extra: str, timeout: float = 60.0):
+    """Start ``python -m pytest_hud.agent.server`` and wait for its announce file; (process, announce)."""
+    announce = tmp_path / f"policy-{time.monotonic_ns()}.json"
+    log = open(tmp_path / f"{announce.stem}.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", policy, "--port", "0",
+         "--announce", str(announce), *extra],
+        stdout=log, stderr=log, cwd=REPO, start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    while not announce.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"policy server exited: {(tmp_path / (announce.stem + '.log')).read_text()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("policy server did not announce itself")
+        time.sleep(0.02)
+    return proc, json.loads(announce.read_text())
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
