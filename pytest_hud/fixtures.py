@@ -54,7 +54,20 @@ class HudSession:
                 from .report.trace import TraceRecorder
 
                 self._recorders.append(TraceRecorder(self.settings["trace_dir"]))
+            if self.settings.get("record"):
+                from .record import DatasetRecorder
+
+                worker = f"gw{self.worker}" if self.settings.get("distributed") else "main"
+                self._recorders.append(DatasetRecorder(self.settings["record"], worker_id=worker))
         return self._recorders
+
+    def close_recorders(self, timeout: float = 120.0) -> None:
+        """Finish pending videos and commit dataset parts (idempotent)."""
+        for recorder in self._recorders or []:
+            close = getattr(recorder, "close", None)
+            if callable(close):
+                close(timeout)
+        self._recorders = []
 
     def label_recorders(self, task: str, episode: str) -> None:
         for recorder in self.recorders:
@@ -132,10 +145,7 @@ class HudSession:
             item.stash.setdefault(EPISODES_KEY, []).append(episode)
 
     def close(self) -> None:
-        for recorder in self._recorders or []:
-            close = getattr(recorder, "close", None)
-            if callable(close):
-                close(60.0)
+        self.close_recorders()
         for sim in self.sims.values():
             sim.close()
         for agent in self.agents.values():

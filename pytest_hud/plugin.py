@@ -14,6 +14,7 @@ types; a crash, timeout or sim error is reported as an *error*, never as a faile
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
@@ -59,6 +60,7 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
     "trace_dir": (str, None, "Write one trace file (.npz: actions, states, rewards, timings) per episode here"),
     "html": (str, None, "Write a standalone HTML summary page here (works without pytest-html)"),
     "progress_interval": (float, 10.0, "Seconds between live per-task progress lines (0 turns them off)"),
+    "record": (str, None, "Record every graded episode into a LeRobot v3 dataset in this new directory"),
 }
 
 
@@ -128,6 +130,16 @@ def _validate(config: pytest.Config, settings: dict[str, Any]) -> None:
                     f"--hud-video {settings['video']} needs PyAV: pip install 'pytest-hud[video]' "
                     "(or pass --hud-video none)")
             settings["video"] = "none"  # the default asks for videos only where they can be made
+    if settings["record"]:
+        from .record import check_record_dir, recording_available
+
+        if not recording_available():
+            raise pytest.UsageError("--hud-record writes LeRobot datasets: pip install 'pytest-hud[lerobot]'")
+        settings["record"] = str((config.invocation_params.dir / settings["record"]).resolve())
+        try:
+            check_record_dir(settings["record"])
+        except FileExistsError as exc:
+            raise pytest.UsageError(f"--hud-record: {exc}") from None
     if settings["vectorization"] not in ("sync", "async"):
         raise pytest.UsageError(f"--hud-vectorization must be sync or async, got {settings['vectorization']!r}")
     if settings["sim"]:
@@ -307,6 +319,14 @@ def _replay(item: pytest.Item, record: dict[str, Any]) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On workers: finish videos and dataset parts before xdist tells the controller we are done."""
+    hud = worker_session(session.config)
+    if hud is not None and hasattr(session.config, "workerinput"):
+        hud.close_recorders()
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> None:
     hud = worker_session(item.config)
     if hud is not None and is_episode_item(item):
@@ -455,6 +475,7 @@ class HudController:
         self.other_failures = 0
         self._sequential_tests: dict[str, Any] = {}
         self._last_progress = time.monotonic()
+        self.recording: dict[str, Any] | None = None
         self._resumable = _resume_index(settings["resume"]) if settings["resume"] else {}
 
     # ------------------------------------------------------------ plumbing
@@ -474,7 +495,7 @@ class HudController:
         return self.tasks(), self.verdict_dicts(), self.coverage()
 
     def worker_settings(self) -> dict[str, Any]:
-        return dict(self.settings, width=self.width)
+        return dict(self.settings, width=self.width, distributed=_distributed(self.config))
 
     def workerinput(self) -> dict[str, Any]:
         return {"pool_host": self.service_host, "pool_port": self.service.port, "secret": self.secret,
@@ -681,6 +702,11 @@ class HudController:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         from .gate import gate_passed
 
+        in_process = worker_session(self.config)
+        if in_process is not None:
+            in_process.close_recorders()  # -n 0: this process recorded; finish before merging
+        if self.settings["record"]:
+            self._merge_recording()
         self.verdicts = self.evaluate_gate()
         if self.verdicts is not None:
             passed = gate_passed(self.verdicts) and not self.other_failures
@@ -699,6 +725,29 @@ class HudController:
                 write_standalone_page(self.settings["html"], self.tasks(), list(self.records.values()),
                                       verdicts=self.verdict_dicts(), coverage=self.coverage(),
                                       title="pytest-hud report")
+
+    def _merge_recording(self) -> None:
+        """Merge every worker's dataset part into one LeRobot dataset (per feature set)."""
+        import warnings
+
+        from .record import RecordingWarning, merge_parts
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RecordingWarning)
+            try:
+                paths = merge_parts(self.settings["record"])
+            except Exception as exc:  # noqa: BLE001 - a failed merge must not hide the results
+                self.recording = {"error": f"{type(exc).__name__}: {exc}", "datasets": []}
+                return
+        datasets = []
+        for path in paths:
+            try:
+                info = json.loads((Path(path) / "meta" / "info.json").read_text())
+            except (OSError, ValueError):
+                info = {}
+            datasets.append({"path": str(path), "episodes": info.get("total_episodes"),
+                             "frames": info.get("total_frames")})
+        self.recording = {"datasets": datasets, "warnings": [str(w.message) for w in caught]}
 
     def observed_provenance(self) -> dict[str, Any]:
         """Provenance plus every (policy, content hash) and (sim, build) the episodes actually used."""
@@ -778,6 +827,13 @@ class HudController:
             tr.write_line(text, yellow=bool(cov["errors"]))
         if self.writer is not None:
             tr.write_line(f"results: {self.writer.path}")
+        if self.recording is not None:
+            for ds in self.recording["datasets"]:
+                tr.write_line(f"recorded: {ds['episodes']} episodes, {ds['frames']} frames -> {ds['path']} "
+                              "(LeRobot v3 dataset)")
+            for text in self.recording.get("warnings", []) + ([self.recording["error"]]
+                                                             if self.recording.get("error") else []):
+                tr.write_line(f"recording: {text}", yellow=True)
         if self.verdicts is not None:
             from .gate import gate_passed
 
