@@ -53,7 +53,6 @@ from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,6 +61,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from ..contract import flatten_observation
+from ..announce import parent_alive, write_announce
 from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
 
 __all__ = ["PROTOCOL", "PolicyServer", "RequestError", "load_server_policy", "main"]
@@ -455,28 +455,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _write_announce(path: str, payload: dict[str, Any]) -> None:
-    """Atomic and mode 0600: a reader never sees a partial file."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(payload, fh)
-    os.replace(tmp, target)
-
-
-def _parent_alive(pid: int) -> bool:
-    if os.getppid() != pid:  # re-parented: the parent is gone
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def _serve(args: argparse.Namespace, model: Any, parent: int) -> int:
     server = PolicyServer(
         model,
@@ -496,12 +474,12 @@ async def _serve(args: argparse.Namespace, model: Any, parent: int) -> int:
         loop.add_signal_handler(sig, stop.set)
     payload = {"ws": port, "pid": os.getpid(), "host": args.host, "url": f"ws://{args.host}:{port}"}
     if args.announce:
-        _write_announce(args.announce, payload)
+        write_announce(args.announce, payload)
     print(f"pytest-hud policy server: serving {args.policy} on ws://{args.host}:{port} "
           f"(pid {os.getpid()})", file=sys.stderr, flush=True)
     try:
         while not stop.is_set():
-            if parent > 1 and not _parent_alive(parent):
+            if parent > 1 and not parent_alive(parent):
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)

@@ -16,9 +16,8 @@ import secrets
 import signal
 import sys
 import threading
-from pathlib import Path
-from typing import Any
 
+from ..announce import parent_alive, write_announce
 from .mainthread import MainThreadExecutor
 from .server import BridgeServer, Timeouts
 from .target import TargetError, load_sim
@@ -52,28 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parent-pid", type=int, default=None,
                    help="Exit when this process dies (default: the parent process)")
     return p.parse_args(argv)
-
-
-def write_announce(path: str, payload: dict[str, Any]) -> None:
-    """Write atomically with mode 0600 so a reader never sees a partial file or a leaked secret."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(payload, fh)
-    os.replace(tmp, target)
-
-
-def _parent_alive(pid: int) -> bool:
-    if os.getppid() != pid:  # re-parented: the parent is gone
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: executor.stop())
 
     def watch_parent() -> None:
-        if parent > 1 and not _parent_alive(parent):
+        if parent > 1 and not parent_alive(parent):
             executor.stop()
 
     try:
