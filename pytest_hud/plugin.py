@@ -189,6 +189,7 @@ def pytest_configure(config: pytest.Config) -> None:
     controller = HudController(config, settings)
     config.stash[CONTROLLER_KEY] = controller
     config.pluginmanager.register(controller, "hud-controller")
+    config.pluginmanager.register(JunitErrors(config), "hud-junit-errors")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(controller), "hud-xdist")
     if config.pluginmanager.hasplugin("html") and getattr(config.option, "htmlpath", None):
@@ -369,10 +370,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         props = [(k, record[k]) for k in props if record.get(k) is not None]
         report.user_properties.extend(props)
         item.user_properties.extend(props)  # JUnit XML reads properties from the teardown report
-        if record["outcome"] == "error" and report.when == "call":
-            # Make pytest (terminal, JUnit, exit status) count it as an error, not a failure.
-            report.when = "setup"
     return report
+
+
+def _is_episode_error(report: pytest.TestReport) -> bool:
+    data = getattr(report, "hud_episode", None)
+    return bool(data) and data.get("outcome") == "error" and report.failed
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    """A crash, timeout or sim error is an *error* (E), not a failed episode (F)."""
+    if _is_episode_error(report) and report.when not in ("setup", "teardown"):  # call, or xdist's crash
+        return "error", "E", "ERROR"
+    return None
 
 
 def _episode_record(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport,
@@ -606,7 +617,7 @@ class HudController:
                     task=ident["task"], episode=ident["episode"], nodeid=report.nodeid, outcome="error",
                     seed=ident.get("seed"), error=(message[0] if message else "worker crashed")[:2000],
                 ))
-                report.when = "setup"  # count it as an error
+                report.hud_episode = self.records[report.nodeid].to_dict()  # counted as an error
 
     def _add(self, record: EpisodeRecord) -> None:
         if not record.reused:
@@ -856,6 +867,32 @@ class HudController:
         self.pool.stop_all()
         if self.writer is not None:
             self.writer.close()
+
+
+class JunitErrors:
+    """Runs after junitxml: an errored episode's call report becomes a JUnit ``<error>``.
+
+    junitxml writes every failed call report as ``<failure>``; for an episode that crashed, timed out
+    or met a sim error the right element is ``<error>`` (counted as such in the testsuite).
+    """
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call" or not _is_episode_error(report):
+            return
+        from _pytest.junitxml import xml_key
+
+        xml = self.config.stash.get(xml_key, None)
+        if xml is None:
+            return
+        for node in xml.node_reporter(report).nodes:
+            if node.tag == "failure":
+                node.tag = "error"
+                xml.stats["failure"] = xml.stats.get("failure", 1) - 1
+                xml.stats["error"] = xml.stats.get("error", 0) + 1
 
 
 class XdistHooks:
