@@ -153,7 +153,7 @@ class RpcServer:
         """Handle one frame; False closes the connection."""
         try:
             req = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
             await self._send(conn, _error(None, PARSE_ERROR, f"frame is not JSON: {exc}"))
             return True
         if not isinstance(req, dict) or req.get("jsonrpc") != "2.0" or not isinstance(
@@ -199,7 +199,10 @@ class RpcServer:
 
     async def _hello(self, conn: Connection, id_: Any, params: dict) -> bool:
         secret = params.get("secret")
-        if not isinstance(secret, str) or not hmac.compare_digest(secret.encode(), self.secret.encode()):
+        # surrogatepass: a JSON string may hold lone surrogates, which plain encode() raises on
+        if not isinstance(secret, str) or not hmac.compare_digest(
+            secret.encode(errors="surrogatepass"), self.secret.encode()
+        ):
             await self._send(
                 conn,
                 _error(id_, UNAUTHORIZED, "wrong or missing secret; use the one from the announce file"),
@@ -233,7 +236,7 @@ class RpcServer:
 def _result(id_: Any, result: Any) -> bytes:
     try:
         return (json.dumps({"jsonrpc": "2.0", "id": id_, "result": result}) + "\n").encode()
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         return _error(id_, INTERNAL_ERROR, f"result is not JSON-serializable: {exc}")
 
 

@@ -273,7 +273,7 @@ class BridgeServer:
         self._first_obs.pop(slot.index, None)
         self.registry.release(slot)
         if ws is not None:
-            asyncio.ensure_future(ws.close(1000, why[:120]))
+            asyncio.ensure_future(ws.close(1000, _close_reason(why)))
         async with self._slot_changed:
             self._slot_changed.notify_all()
         if was_live:
@@ -393,7 +393,12 @@ class BridgeServer:
         msg = unpackb(raw)
         if not isinstance(msg, dict) or "actions" not in msg:
             raise WireError(f"an action frame is {{'actions': array}}, got {_describe(msg)}")
-        return self.contract.coerce_action(msg["actions"])
+        try:
+            return self.contract.coerce_action(msg["actions"])
+        except ContractError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - numpy refuses some values (ragged lists): the agent's error
+            raise WireError(f"the action is not an array of numbers ({type(exc).__name__}: {exc})") from None
 
     def _end_slot(self, slot: Slot, error: str | None = None) -> None:
         if slot.state is SlotState.LIVE or slot.state is SlotState.CLAIMED:
@@ -439,11 +444,13 @@ class BridgeServer:
             batch, obs = await self._sim_call(_park_step_observe, self.sim, park, actions)
         except Exception:
             self._mark_broken(traceback.format_exc())
+            # the exception's own line first: it is what a summary line or a report shows
+            why = f"sim raised during step: {self.broken.splitlines()[-1]}\n{self.broken}"
             for s in acting:
-                self._end_slot(s, error=f"sim raised during step:\n{self.broken}")
+                self._end_slot(s, error=why)
                 waiter = self._waiters.pop(s.index, None)
                 if waiter is not None and not waiter.done():
-                    waiter.set_exception(_SlotFailed(f"slot {s.index}: sim raised during step:\n{self.broken}"))
+                    waiter.set_exception(_SlotFailed(f"slot {s.index}: {why}"))
             return
         for i in park:
             slots[i].needs_park_reset = False
@@ -512,9 +519,14 @@ async def _fail(ws: ServerConnection, message: str) -> None:
     """Send a readable error as a text frame, then close (DESIGN §4)."""
     try:
         await ws.send(message)
-        await ws.close(1011 if "sim raised" in message else 1008, message[:120])
+        await ws.close(1011 if "sim raised" in message else 1008, _close_reason(message))
     except ConnectionClosed:
         pass
+
+
+def _close_reason(message: str) -> str:
+    """The start of ``message`` that fits a close frame: 123 bytes of UTF-8, not 123 characters."""
+    return message.encode(errors="replace")[:123].decode(errors="ignore")
 
 
 def _describe(value: Any) -> str:
