@@ -135,6 +135,8 @@ class HudSession:
                 n_action_steps=self.settings.get("n_action_steps"),
                 recv_timeout=float(self.settings.get("first_action_timeout", 300))
                 + float(self.settings.get("step_timeout", 30)) + 30,
+                first_action_timeout=float(self.settings.get("first_action_timeout") or 300),
+                step_timeout=float(self.settings.get("step_timeout") or 30),
             )
             self.agents[key] = agent
         return agent

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -249,12 +251,13 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    hud = worker_session(config)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Declare this run's episodes (after -k/-m deselection) so coverage has a true denominator."""
+    hud = worker_session(session.config)
     if hud is None:
         return
     declared = []
-    for item in items:
+    for item in session.items:
         if is_episode_item(item):
             ident = episode_identity(item)
             floor = hud_settings(item).get("min_success")
@@ -392,17 +395,24 @@ def _episode_record(item: pytest.Item, call: pytest.CallInfo, report: pytest.Tes
     episodes = item.stash.get(EPISODES_KEY, [])
     result = next((ep.result for ep in reversed(episodes) if ep.result is not None), None)
     grade = next((ep.grade_data for ep in reversed(episodes) if ep.grade_data is not None), None)
+    # The bridge's own verdict (a timeout, a disconnect, a sim exception) makes it an error,
+    # whatever the test asserted afterwards or whoever interrupted it.
+    bridge_error = (result.error if result is not None else None) or (grade or {}).get("error")
     if report.skipped:
         outcome = "skipped"
-    elif report.passed:
+    elif report.passed and not bridge_error:
         outcome = "passed"
-    elif call.excinfo is not None and report.when == "call" and _is_failure(call.excinfo):
+    elif (call.excinfo is not None and report.when == "call" and _is_failure(call.excinfo)
+          and not bridge_error and not str(call.excinfo.value).startswith("Timeout")):
         outcome = "failed"
     else:
         outcome = "error"
     error = None
-    if outcome == "error" and call.excinfo is not None:
-        error = f"{call.excinfo.typename}: {call.excinfo.value}"[:2000]
+    if outcome == "error":
+        if bridge_error:
+            error = str(bridge_error)[:2000]
+        elif call.excinfo is not None:
+            error = f"{call.excinfo.typename}: {call.excinfo.value}"[:2000]
     record: dict[str, Any] = {
         **ident,
         "identity": run_identity(item, hud),
@@ -446,7 +456,6 @@ class HudController:
         self.started = time.monotonic()
         self.declared: dict[str, dict[str, Any]] = {}
         self.records: dict[str, EpisodeRecord] = {}
-        import threading
 
         self._lock = threading.Lock()
         rootdir = str(config.rootpath)
@@ -468,6 +477,7 @@ class HudController:
                                                   "resume_lookup": self._resume_lookup})
         self._resolve_artefact_dirs()
         self.provenance = self._provenance()
+        self._old_sigterm = _sigterm_as_interrupt()
         self.writer: ResultsWriter | None = None
         if settings["results"]:
             path = Path(settings["results"])
@@ -863,6 +873,8 @@ class HudController:
                           green=ok and not self.other_failures, red=not ok or bool(self.other_failures), bold=True)
 
     def stop(self) -> None:
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
         self.service.close()
         self.pool.stop_all()
         if self.writer is not None:
@@ -950,3 +962,21 @@ def _resume_index(path: str) -> dict[tuple[str, str], EpisodeRecord]:
 
     return {(r.task, str(r.episode)): r for r in load_results(path).latest_episodes()
             if r.outcome in ("passed", "failed")}
+
+
+def _sigterm_as_interrupt():
+    """Make SIGTERM end the run like Ctrl-C, so teardown stops the pool and removes its secrets.
+
+    Returns the previous handler (None when not on the main thread or someone else handles it).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return None  # another tool manages SIGTERM: leave it alone
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    return previous

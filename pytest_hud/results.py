@@ -242,6 +242,8 @@ class ResultsWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mode = "a" if append and self.path.exists() else "w"
+        if mode == "a":
+            _drop_torn_tail(self.path)  # a killed run may have left half a line: never glue onto it
         self._fh = open(self.path, mode, encoding="utf-8")
         if mode == "w":
             self._write({"record": "run", "schema": SCHEMA, "run_id": run_id,
@@ -271,3 +273,12 @@ class ResultsWriter:
     def close(self) -> None:
         if not self._fh.closed:
             self._fh.close()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Truncate a file back to just after its last newline."""
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            fh.truncate(end)

@@ -301,10 +301,6 @@ def test_a_hung_policy_is_failed_by_the_bridge_and_its_peers_keep_stepping(hung_
     assert hung_run.took < 60
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "plugin.py _episode_record: a test interrupted by pytest-timeout (pytest.fail -> Failed) is "
-    "classed as a failed episode, and the bridge's own verdict (grade['error']: 'slot N sent no first "
-    "action within 2 s (--hud-first-action-timeout)') is dropped from the record"))
 @pytest.mark.timeout(120)
 def test_a_hung_policy_is_an_error_that_names_the_first_action_timeout(hung_run):
     hung = hung_run.records["test_hung"]
@@ -330,11 +326,6 @@ def test_a_slow_policy_fails_on_the_step_timeout_after_a_slow_first_forward(proj
 
 
 # ============================================================ found on the way (drill 2 with -k)
-@pytest.mark.xfail(strict=True, reason=(
-    "plugin.py pytest_collection_modifyitems declares episodes before -k/-m deselection (it runs "
-    "before _pytest.mark's hook), so deselected episodes are reported MISSING from coverage and "
-    "count against the gate's min_coverage; fix: @pytest.hookimpl(trylast=True) on that hook, or "
-    "declare in pytest_collection_finish from session.items"))
 @pytest.mark.timeout(60)
 def test_episodes_deselected_with_k_are_not_reported_missing(project):
     project.makepyfile(test_drill=KILLED)

@@ -192,11 +192,6 @@ def test_no_bridge_or_secret_outlives_an_interrupted_or_killed_controller(tmp_pa
         run.cleanup()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SIGTERM kills the controller without pytest_unconfigure (no handler), so SimPool.stop_all() never "
-    "runs and the pool's pytest-hud-* dir (bridge logs) stays behind; the bridges remove their own "
-    "announce files and exit by their parent watch. Fix (plugin.py, HudController): install a SIGTERM "
-    "handler on the controller's main thread that raises KeyboardInterrupt (restored in stop())"))
 @pytest.mark.timeout(120)
 def test_sigterm_to_the_controller_removes_the_pool_dir(tmp_path):
     project = make_project(tmp_path / "project", 200)
@@ -281,11 +276,6 @@ def test_a_killed_run_loses_no_finished_episode_and_a_resumed_run_completes_it(t
         reference.cleanup()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "results.py ResultsWriter(append=True) writes after a torn last line (a record cut by a kill) "
-    "without ending it, so the first resumed record is glued to the fragment: it is lost, and once "
-    "more follow the file no longer loads ('line N is not JSON'). Fix: when appending, truncate the "
-    "file back to its last newline first"))
 def test_resuming_into_a_file_with_a_torn_last_line_keeps_it_readable(tmp_path):
     path = tmp_path / "r.jsonl"
     first = ResultsWriter(path, {}, "killed-run")

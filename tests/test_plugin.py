@@ -301,3 +301,28 @@ def test_attach_to_a_bridge_someone_else_started(project, bridge):
     project.makepyfile(test_cartpole=BALANCE)
     result = run(project, "-p", "no:xdist", f"--hud-sim-url={announce}")
     result.assert_outcomes(passed=6)
+
+
+def test_a_policy_that_never_returns_does_not_hang_the_worker(project):
+    project.makepyfile(test_hang='''
+import time
+
+def test_hang(shared_sim, robot_agent):
+    robot_agent.policy = "test_hang:forever"
+    robot_agent.run(shared_sim.episode(seed=0))
+
+def forever():
+    def act(obs):
+        time.sleep(3600)
+    return act
+
+def test_after(shared_sim, robot_agent):
+    assert robot_agent.run(shared_sim.episode(seed=1)).success
+''')
+    t0 = time.monotonic()
+    result = run(project, "-p", "no:xdist", "-p", "no:timeout", "--hud-first-action-timeout=1",
+                 "--hud-results=r.jsonl")
+    assert time.monotonic() - t0 < 60
+    result.assert_outcomes(passed=1, errors=1)
+    hung = {r.task: r for r in load_results(project.path / "r.jsonl").episodes}["test_hang.py::test_hang"]
+    assert hung.outcome == "error" and "--hud-first-action-timeout" in hung.error

@@ -6,6 +6,9 @@ Open-loop action chunks: the model returns ``[T, A]``; the agent executes up to
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -62,8 +65,14 @@ class Agent:
         should_stop: Callable[[Mapping[str, Any], int], bool] | None = None,
         recv_timeout: float = 360.0,
         observers: list[StepObserver] | None = None,
+        first_action_timeout: float | None = None,
+        step_timeout: float | None = None,
     ) -> None:
         self.model = as_model(model)
+        # The bridge fails a silent slot at these timeouts; the watchdog then frees this process
+        # from a predict() that never returns (a little later, so the bridge's verdict comes first).
+        self.first_action_timeout = first_action_timeout
+        self.step_timeout = step_timeout
         self.max_steps = max_steps
         self.n_action_steps = n_action_steps
         self.should_stop = should_stop
@@ -76,9 +85,13 @@ class Agent:
         return limit if limit is not None else 10**9
 
     def _plan(self, frame: Mapping[str, Any], prompt: str | None, contract: Contract,
-              queue: deque) -> float:
+              queue: deque, first: bool = False) -> float:
         t0 = time.perf_counter()
-        chunk = as_chunk(self.model.predict(features(frame), prompt), contract)
+        limit = self.first_action_timeout if first else self.step_timeout
+        with _watchdog(None if limit is None else limit + 5.0,
+                       "--hud-first-action-timeout" if first else "--hud-step-timeout"):
+            output = self.model.predict(features(frame), prompt)
+        chunk = as_chunk(output, contract)
         spent = time.perf_counter() - t0
         if self.n_action_steps is not None:
             chunk = chunk[: self.n_action_steps]
@@ -127,7 +140,7 @@ class Agent:
                 while not frame["terminated"] and steps < limit:
                     if self.should_stop is not None and self.should_stop(features(frame), steps):
                         break
-                    spent = self._plan(frame, episode.prompt, contract, queue) if not queue else 0.0
+                    spent = self._plan(frame, episode.prompt, contract, queue, steps == 0) if not queue else 0.0
                     inference_s += spent
                     action = queue.popleft()
                     frame = slot.step(action)
@@ -168,7 +181,7 @@ class Agent:
                 while not frame["terminated"] and steps < limit:
                     if self.should_stop is not None and self.should_stop(features(frame), steps):
                         break
-                    spent = self._plan(frame, episode.prompt, contract, queue) if not queue else 0.0
+                    spent = self._plan(frame, episode.prompt, contract, queue, steps == 0) if not queue else 0.0
                     inference_s += spent
                     action = queue.popleft()
                     frame = await slot.step(action)
@@ -184,3 +197,27 @@ class Agent:
             self._notify_end(episode, f"{type(exc).__name__}: {exc}")
             raise
         return self._finish(episode, steps, inference_s, None)
+
+
+@contextlib.contextmanager
+def _watchdog(seconds: float | None, option: str):
+    """Interrupt a model call that outlives ``seconds`` (main thread, SIGALRM not in use)."""
+    usable = (
+        seconds is not None
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)  # pytest-timeout owns it otherwise
+    )
+    if not usable:
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise EpisodeError(f"the policy did not answer within {seconds:g} s ({option} plus a margin)")
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
