@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -126,7 +127,8 @@ class HudSession:
                     raise EpisodeError(f"no policy server for {policy!r}: {exc.message}") from None
             try:
                 model = load_policy(spec, contract, n_action_steps=self.settings.get("n_action_steps"),
-                                    timeout=float(self.settings.get("first_action_timeout") or 300))
+                                    timeout=float(self.settings.get("first_action_timeout") or 300),
+                                    threads=_model_threads())
             except PolicyError as exc:
                 raise EpisodeError(str(exc)) from None
             agent = Agent(
@@ -285,6 +287,16 @@ class RobotAgent:
             if policy == self.policy:
                 return agent.model
         return None
+
+
+def _model_threads() -> int | None:
+    """This worker's share of the cores for an in-process model (None: leave torch's default)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None  # the user decided
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if workers <= 1:
+        return None
+    return max(1, (os.cpu_count() or 1) // workers)
 
 
 def hud_settings(item: pytest.Item) -> dict[str, Any]:

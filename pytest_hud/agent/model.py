@@ -132,6 +132,13 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
     if kind == "lerobot":
         from .lerobot import LeRobotPolicy
 
+        threads = options.get("threads")
+        if threads:
+            # xdist workers each run a model: torch's one-thread-per-core default oversubscribes
+            # the machine (N workers x N cores spinning threads), so each worker takes its share.
+            import torch
+
+            torch.set_num_threads(int(threads))
         shapes = {k: (tuple(f.shape), f.type) for k, f in contract.observation_features.items()}
         try:
             return LeRobotPolicy.from_checkpoint(
