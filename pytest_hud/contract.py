@@ -62,8 +62,9 @@ class Feature:
             "names": list(self.names),
         }
         if self.low is not None:
-            out["low"] = list(self.low)
-            out["high"] = list(self.high or [])
+            # JSON has no infinity: an unbounded side is null (and reads back as -inf / +inf)
+            out["low"] = [v if math.isfinite(v) else None for v in self.low]
+            out["high"] = [v if math.isfinite(v) else None for v in (self.high or [])]
         return out
 
     @classmethod
@@ -76,8 +77,8 @@ class Feature:
                 dtype=str(np.dtype(data["dtype"])),
                 shape=tuple(int(d) for d in data["shape"]),
                 names=[str(n) for n in data.get("names", [])],
-                low=None if data.get("low") is None else [float(v) for v in data["low"]],
-                high=None if data.get("high") is None else [float(v) for v in data["high"]],
+                low=None if data.get("low") is None else [-math.inf if v is None else float(v) for v in data["low"]],
+                high=None if data.get("high") is None else [math.inf if v is None else float(v) for v in data["high"]],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ContractError(f"feature {name!r} in contract is malformed: {exc!r}") from None

@@ -80,3 +80,13 @@ def test_a_loaded_contract_that_does_not_match_the_env_names_the_feature(tmp_pat
 def test_missing_contract_file_is_a_clear_error(tmp_path):
     with pytest.raises(ContractError, match="does not exist"):
         Contract.load(tmp_path / "nope.json")
+
+
+def test_unbounded_spaces_save_as_strict_json_and_load_back(tmp_path):
+    import json
+
+    env = gym.make("CartPole-v1")
+    c = derived_from(env)
+    text = json.dumps(c.to_dict(), allow_nan=False)  # raises if Infinity slipped through
+    loaded = Contract.from_dict(json.loads(text))
+    assert loaded.features["state"].low[1] == float("-inf") and loaded.features["state"].high[1] == float("inf")
