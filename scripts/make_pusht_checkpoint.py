@@ -38,6 +38,9 @@ import time
 import warnings
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_lerobot_checkpoints import save_checkpoint  # noqa: E402 - the same LeRobot save for both
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
 REPO_ID = "pytest-hud/pusht_scripted"  # a local name only; nothing is pushed or pulled
@@ -149,16 +152,6 @@ def record_demonstrations(root: Path, episodes: int, demo_steps: int, noise: flo
         dataset.save_episode()
     dataset.finalize()
     env.close()
-
-
-def save_checkpoint(policy, preprocessor, postprocessor, folder: Path) -> None:
-    if folder.exists():
-        shutil.rmtree(folder)
-    policy.save_pretrained(folder)
-    preprocessor.save_pretrained(folder)
-    postprocessor.save_pretrained(folder)
-    for path in folder.iterdir():
-        path.chmod(0o644)  # safetensors writes 0600
 
 
 def rollout(checkpoint: Path, seeds: range) -> list[tuple[int, bool, float, int]]:
