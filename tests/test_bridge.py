@@ -14,7 +14,7 @@ import pytest
 from conftest import SIMKIT
 from pytest_hud.agent import Agent
 from pytest_hud.client import BridgeAddress, BridgeError, ControlClient, SlotClient
-from pytest_hud.episode import Episode, EpisodeError
+from pytest_hud.episode import Episode
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -48,7 +48,7 @@ def colour_centroids(pixels: np.ndarray) -> np.ndarray:
     """``[agent_x, agent_y, goal_x, goal_y]`` in [0, 1] from the red and green pixels (y up)."""
     img = np.asarray(pixels, dtype=np.int16)
     h, w = img.shape[:2]
-    r, g, b = img[..., 0], img[..., 1], img[..., 2]
+    r, g = img[..., 0], img[..., 1]
     out = []
     for mask in (r > g + 80, g > r + 80):
         ys, xs = np.nonzero(mask)
