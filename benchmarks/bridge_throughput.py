@@ -2,6 +2,7 @@
 
     python benchmarks/bridge_throughput.py [--width 8] [--ticks 3000] [--pixel-ticks 600]
 
+Envs: ``Pendulum-v1`` (state) and Pendulum rendered to a 96x96 image (``benchmarks/pixel_env.py``).
 For each env: a bridge subprocess at ``--width`` with one asyncio client per slot (all in this
 process) sending zero actions for a fixed number of ticks, then the same vector env stepped raw
 in this process. Prints env-steps/s for both, their ratio, and the bridge's overhead per
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from pytest_hud.client import AsyncControlClient, AsyncSlotClient, BridgeAddress  # noqa: E402
 from pytest_hud.sim.target import load_sim  # noqa: E402
 
-PIXEL_TARGET = f"{ROOT / 'benchmarks' / 'pixel_cartpole.py'}:make"
+PIXEL_TARGET = f"{ROOT / 'benchmarks' / 'pixel_env.py'}:make"
 
 
 def start_bridge(target: str, width: int, workdir: str) -> tuple[subprocess.Popen, BridgeAddress]:
@@ -113,7 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         measure("Pendulum-v1", "Pendulum-v1", args.width, args.ticks, workdir)
-        measure("CartPole pixels 96x96", PIXEL_TARGET, args.width, args.pixel_ticks, workdir)
+        measure("Pendulum pixels 96x96", PIXEL_TARGET, args.width, args.pixel_ticks, workdir)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""CartPole-v1 whose observation is its own rendering, downsampled to 96x96 RGB (a pixel env)."""
+"""A classic-control env whose observation is its own rendering, downsampled to 96x96 RGB (a pixel env).
+
+Pendulum-v1 by default: its episodes run the full 200 steps under zero actions, so a throughput
+benchmark measures stepping, not episode turnover (CartPole falls after ~10 zero-action steps, and
+then every slot pays a new claim, a new WebSocket and a reset render every few ticks).
+"""
 
 from __future__ import annotations
 
@@ -20,5 +25,5 @@ class PixelObservation(gym.ObservationWrapper):
         return {"pixels": np.ascontiguousarray(frame[rows][:, cols])}
 
 
-def make(size: int = 96) -> gym.Env:
-    return PixelObservation(gym.make("CartPole-v1", render_mode="rgb_array"), size)
+def make(env_id: str = "Pendulum-v1", size: int = 96) -> gym.Env:
+    return PixelObservation(gym.make(env_id, render_mode="rgb_array"), size)
