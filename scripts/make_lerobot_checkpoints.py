@@ -33,6 +33,8 @@ import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lerobot_training import save_checkpoint, train  # noqa: E402
 DEFAULT_OUT = REPO / "evals" / "checkpoints" / "reach_act"
 REPO_ID = "pytest-hud/reach_expert"  # a local name only; nothing is pushed or pulled
 TASK = "reach the green goal"
@@ -104,17 +106,6 @@ def record_demonstrations(root: Path, episodes: int, noise: float, seed: int) ->
     env.close()
 
 
-def save_checkpoint(policy, preprocessor, postprocessor, folder: Path) -> None:
-    """Policy weights + config and both processors, as LeRobot saves them; nothing else."""
-    if folder.exists():
-        shutil.rmtree(folder)
-    policy.save_pretrained(folder)
-    preprocessor.save_pretrained(folder)
-    postprocessor.save_pretrained(folder)
-    for path in folder.iterdir():
-        path.chmod(0o644)  # safetensors writes 0600; these files are shared through git
-
-
 def success_rate(checkpoint: Path, seeds: range) -> float:
     """Roll the checkpoint out on make_reach() through LeRobotPolicy, executing chunks open-loop."""
     from evals.sims.reach import make_reach
@@ -150,19 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     import torch
-    from accelerate import Accelerator
-    from lerobot.configs.default import DatasetConfig
-    from lerobot.configs.train import TrainPipelineConfig
     from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
-    from lerobot.datasets.factory import make_dataset
-    from lerobot.datasets.utils import cycle
-    from lerobot.optim.factory import make_optimizer_and_scheduler
     from lerobot.policies.act.configuration_act import ACTConfig
-    from lerobot.policies.factory import make_policy, make_pre_post_processors
-    from lerobot.scripts.lerobot_train import update_policy
     from lerobot.utils.constants import OBS_ENV_STATE, OBS_STATE
-    from lerobot.utils.logging_utils import AverageMeter, MetricsTracker
-    from lerobot.utils.random_utils import set_seed
 
     from pytest_hud.agent.lerobot import CopyObservationsProcessorStep
 
@@ -201,77 +182,23 @@ def main(argv: list[str] | None = None) -> int:
             pretrained_backbone_weights=None,
             optimizer_lr=args.lr,
         )
-        train_config = TrainPipelineConfig(
-            dataset=DatasetConfig(repo_id=REPO_ID, root=str(root)),
-            policy=config,
-            seed=args.seed,
-            batch_size=args.batch_size,
-            steps=args.steps,
-            num_workers=0,
-            # What TrainPipelineConfig.validate() does with use_policy_training_preset=True (validate
-            # itself parses sys.argv, so it is not called here).
-            optimizer=config.get_optimizer_preset(),
-            scheduler=config.get_scheduler_preset(),
-        )
-        set_seed(args.seed)
-        tick = time.perf_counter()
-        dataset = make_dataset(train_config)  # loads the dataset back, with ACT's action chunk deltas
-        policy = make_policy(config, ds_meta=dataset.meta)
-        stats = copy.deepcopy(dataset.meta.stats)
-        stats[OBS_ENV_STATE] = stats[OBS_STATE]
-        preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
-        preprocessor.steps.insert(1, CopyObservationsProcessorStep({OBS_STATE: OBS_ENV_STATE}))
-        optimizer, lr_scheduler = make_optimizer_and_scheduler(train_config, policy)
-        parameters = sum(p.numel() for p in policy.parameters())
-        print(
-            f"dataset {dataset.num_episodes} episodes / {dataset.num_frames} frames, ACT {parameters:,} "
-            f"parameters: {time.perf_counter() - tick:.1f}s",
-            flush=True,
-        )
+        def same_stats_for_env_state(stats: dict) -> dict:
+            stats = copy.deepcopy(stats)
+            stats[OBS_ENV_STATE] = stats[OBS_STATE]
+            return stats
 
-        accelerator = Accelerator(cpu=True)
-        loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_size=args.batch_size,
-            shuffle=True,
-            num_workers=0,
-            drop_last=False,
-            generator=torch.Generator().manual_seed(args.seed),
-        )
-        batches = cycle(loader)
-        meters = {
-            "loss": AverageMeter("loss", ":.3f"),
-            "grad_norm": AverageMeter("grdn", ":.3f"),
-            "lr": AverageMeter("lr", ":0.1e"),
-            "update_s": AverageMeter("updt_s", ":.3f"),
-            "dataloading_s": AverageMeter("data_s", ":.3f"),
-        }
-        tracker = MetricsTracker(
-            args.batch_size, dataset.num_frames, dataset.num_episodes, meters, accelerator=accelerator
-        )
-        policy.train()
-        tick = time.perf_counter()
-        for step in range(1, args.steps + 1):
-            loading = time.perf_counter()
-            batch = preprocessor(next(batches))
-            tracker.dataloading_s = time.perf_counter() - loading
-            tracker, _ = update_policy(
-                tracker,
-                policy,
-                batch,
-                optimizer,
-                train_config.optimizer.grad_clip_norm,
-                accelerator=accelerator,
-                lr_scheduler=lr_scheduler,
-            )
-            tracker.step()
+        def copy_state(policy, preprocessor) -> None:
+            preprocessor.steps.insert(1, CopyObservationsProcessorStep({OBS_STATE: OBS_ENV_STATE}))
+
+        def snapshot(step, policy, preprocessor, postprocessor) -> None:
             if step == args.early_steps:
                 save_checkpoint(policy, preprocessor, postprocessor, args.out / "early")
-            if step % 500 == 0 or step == args.steps:
-                print(f"step {step}: {tracker} ({time.perf_counter() - tick:.0f}s)", flush=True)
-                tracker.reset_averages()
+
+        policy, preprocessor, postprocessor = train(
+            config, root, REPO_ID, seed=args.seed, batch_size=args.batch_size, steps=args.steps,
+            adapt_stats=same_stats_for_env_state, prepare=copy_state, on_step=snapshot, log_every=500,
+        )
         save_checkpoint(policy, preprocessor, postprocessor, args.out / "final")
-        print(f"trained {args.steps} updates: {time.perf_counter() - tick:.1f}s", flush=True)
 
     tick = time.perf_counter()
     seeds = range(args.eval_episodes)

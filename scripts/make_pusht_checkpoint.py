@@ -39,7 +39,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_lerobot_checkpoints import save_checkpoint  # noqa: E402 - the same LeRobot save for both
+from lerobot_training import save_checkpoint, train  # noqa: E402 - shared with the reach script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
@@ -226,17 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 def build(args: argparse.Namespace, staging: Path) -> dict:
     """Record, train and save into ``staging``; returns the provenance written there."""
     import torch
-    from accelerate import Accelerator
-    from lerobot.configs.default import DatasetConfig
-    from lerobot.configs.train import TrainPipelineConfig
-    from lerobot.datasets.factory import make_dataset
-    from lerobot.datasets.utils import cycle
-    from lerobot.optim.factory import make_optimizer_and_scheduler
     from lerobot.policies.act.configuration_act import ACTConfig
-    from lerobot.policies.factory import make_policy, make_pre_post_processors
-    from lerobot.scripts.lerobot_train import update_policy
-    from lerobot.utils.logging_utils import AverageMeter, MetricsTracker
-    from lerobot.utils.random_utils import set_seed
 
     with tempfile.TemporaryDirectory(prefix="pusht-dataset-") as scratch:
         root = args.dataset_dir if args.dataset_dir is not None else Path(scratch) / "pusht_scripted"
@@ -265,63 +255,20 @@ def build(args: argparse.Namespace, staging: Path) -> dict:
             optimizer_lr=args.lr,
             optimizer_lr_backbone=args.lr,
         )
-        train_config = TrainPipelineConfig(
-            dataset=DatasetConfig(repo_id=REPO_ID, root=str(root)),
-            policy=config,
-            seed=args.seed,
-            batch_size=args.batch_size,
-            steps=args.steps,
-            num_workers=0,
-            # what validate() does with use_policy_training_preset=True (validate parses sys.argv)
-            optimizer=config.get_optimizer_preset(),
-            scheduler=config.get_scheduler_preset(),
-        )
-        set_seed(args.seed)
-        tick = time.perf_counter()
-        dataset = make_dataset(train_config)
-        policy = make_policy(config, ds_meta=dataset.meta)
-        preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=dataset.meta.stats)
-        if not args.train_backbone:  # ACT's get_optim_params leaves out frozen parameters
-            policy.model.backbone.requires_grad_(False)
-        optimizer, lr_scheduler = make_optimizer_and_scheduler(train_config, policy)
-        parameters = sum(p.numel() for p in policy.parameters())
-        backbone = sum(p.numel() for n, p in policy.named_parameters() if n.startswith("model.backbone"))
-        print(
-            f"dataset {dataset.num_episodes} episodes / {dataset.num_frames} frames; ACT {parameters:,} "
-            f"parameters ({backbone:,} in the ResNet-18 backbone): {time.perf_counter() - tick:.1f}s",
-            flush=True,
-        )
+        def freeze_backbone(policy, preprocessor) -> None:
+            if not args.train_backbone:  # ACT's get_optim_params leaves out frozen parameters
+                policy.model.backbone.requires_grad_(False)
 
-        accelerator = Accelerator(cpu=True)
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_size=args.batch_size, shuffle=True, num_workers=0, drop_last=False,
-            generator=torch.Generator().manual_seed(args.seed),
-        )
-        batches = cycle(loader)
-        meters = {
-            "loss": AverageMeter("loss", ":.3f"),
-            "grad_norm": AverageMeter("grdn", ":.3f"),
-            "lr": AverageMeter("lr", ":0.1e"),
-            "update_s": AverageMeter("updt_s", ":.3f"),
-            "dataloading_s": AverageMeter("data_s", ":.3f"),
-        }
-        tracker = MetricsTracker(args.batch_size, dataset.num_frames, dataset.num_episodes, meters,
-                                 accelerator=accelerator)
-        policy.train()
         tick = time.perf_counter()
-        for step in range(1, args.steps + 1):
-            loading = time.perf_counter()
-            batch = preprocessor(next(batches))
-            tracker.dataloading_s = time.perf_counter() - loading
-            tracker, _ = update_policy(tracker, policy, batch, optimizer,
-                                       train_config.optimizer.grad_clip_norm,
-                                       accelerator=accelerator, lr_scheduler=lr_scheduler)
-            tracker.step()
-            if step % 50 == 0 or step == args.steps:
-                print(f"step {step}: {tracker} ({time.perf_counter() - tick:.0f}s)", flush=True)
-                tracker.reset_averages()
+        policy, preprocessor, postprocessor = train(
+            config, root, REPO_ID, seed=args.seed, batch_size=args.batch_size, steps=args.steps,
+            prepare=freeze_backbone,
+        )
         train_s = time.perf_counter() - tick
         save_checkpoint(policy, preprocessor, postprocessor, staging)
+        frames = json.loads((root / "meta" / "info.json").read_text())["total_frames"]
+        parameters = sum(p.numel() for p in policy.parameters())
+        backbone = sum(p.numel() for n, p in policy.named_parameters() if n.startswith("model.backbone"))
 
     import importlib.metadata
 
@@ -337,7 +284,7 @@ def build(args: argparse.Namespace, staging: Path) -> dict:
         "backbone_parameters": backbone,
         "backbone": f"resnet18, random init (seed {args.seed}), "
                     + ("trained" if args.train_backbone else "frozen"),
-        "demonstrations": {"episodes": args.episodes, "frames": dataset.num_frames,
+        "demonstrations": {"episodes": args.episodes, "frames": frames,
                            "seeds": f"{DEMO_SEED_BASE}..{DEMO_SEED_BASE + args.episodes - 1}"},
         "train_s": round(train_s, 1),
         "versions": {"lerobot": lerobot.__version__, "torch": torch.__version__,
