@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,24 +18,53 @@ HERE = Path(__file__).parent
 SIMKIT = HERE / "simkit.py"
 
 
-def start_bridge(tmp_path: Path, target: str, width: int, *extra: str, timeout: float = 60.0):
-    """Start ``python -m pytest_hud.sim`` and wait for its announce file; returns (process, address)."""
-    announce = tmp_path / f"bridge-{time.monotonic_ns()}.json"
-    log = open(tmp_path / f"{announce.stem}.log", "wb")
-    env = dict(os.environ, SDL_VIDEODRIVER="dummy")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_hud.sim", target, "--width", str(width), "--announce", str(announce), *extra],
-        stdout=log, stderr=log, env=env, start_new_session=True,
-    )
+def launch(cmd: list[str], tmp_path: Path, what: str, timeout: float = 60.0, **popen) -> tuple[subprocess.Popen, Path]:
+    """Start a child that writes an announce file (its last argument pair); wait for the file."""
+    announce = Path(cmd[cmd.index("--announce") + 1])
+    log_path = tmp_path / f"{announce.stem}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True, **popen)
     deadline = time.monotonic() + timeout
     while not announce.exists():
         if proc.poll() is not None:
-            raise RuntimeError(f"bridge exited: {(tmp_path / (announce.stem + '.log')).read_text()}")
+            raise RuntimeError(f"{what} exited: {log_path.read_text()}")
         if time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError("bridge did not announce itself")
+            raise RuntimeError(f"{what} did not announce itself")
         time.sleep(0.02)
+    return proc, announce
+
+
+def start_bridge(tmp_path: Path, target: str, width: int, *extra: str, timeout: float = 60.0):
+    """Start ``python -m pytest_hud.sim`` and wait for its announce file; returns (process, address)."""
+    announce = tmp_path / f"bridge-{time.monotonic_ns()}.json"
+    proc, _ = launch([sys.executable, "-m", "pytest_hud.sim", target, "--width", str(width), *extra,
+                      "--announce", str(announce)], tmp_path, "bridge", timeout,
+                     env=dict(os.environ, SDL_VIDEODRIVER="dummy"))
     return proc, BridgeAddress.from_announce(announce)
+
+
+def run_threads(targets, timeout: float = 30.0) -> list[BaseException]:
+    """Run callables concurrently (released together); returns the exceptions they raised."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(targets))
+
+    def wrap(fn):
+        def go():
+            try:
+                barrier.wait(10)
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                errors.append(exc)
+        return go
+
+    threads = [threading.Thread(target=wrap(t)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a thread hung"
+    return errors
 
 
 @pytest.fixture

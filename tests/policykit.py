@@ -75,21 +75,11 @@ def loop() -> LoopPolicy:
 # ------------------------------------------------------------------------------ the server
 def start_server(tmp_path: Path, policy: str, *extra: str, timeout: float = 60.0):
     """Start ``python -m pytest_hud.agent.server`` and wait for its announce file; (process, announce)."""
+    from conftest import launch
+
     announce = tmp_path / f"policy-{time.monotonic_ns()}.json"
-    log = open(tmp_path / f"{announce.stem}.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", policy, "--port", "0",
-         "--announce", str(announce), *extra],
-        stdout=log, stderr=log, cwd=REPO, start_new_session=True,
-    )
-    deadline = time.monotonic() + timeout
-    while not announce.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"policy server exited: {(tmp_path / (announce.stem + '.log')).read_text()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("policy server did not announce itself")
-        time.sleep(0.02)
+    proc, _ = launch([sys.executable, "-m", "pytest_hud.agent.server", "--policy", policy, "--port", "0",
+                      *extra, "--announce", str(announce)], tmp_path, "policy server", timeout, cwd=REPO)
     return proc, json.loads(announce.read_text())
 
 

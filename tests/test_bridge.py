@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from conftest import SIMKIT
+from conftest import SIMKIT, run_threads
 from pytest_hud.agent import Agent
 from pytest_hud.client import BridgeAddress, BridgeError, ControlClient, SlotClient
 from pytest_hud.episode import Episode
@@ -19,27 +18,6 @@ from pytest_hud.episode import Episode
 pytestmark = pytest.mark.timeout(60)
 
 COUNTER = f"{SIMKIT}:counter"
-
-
-def run_threads(*targets):
-    errors: list[BaseException] = []
-
-    def wrap(fn):
-        def go():
-            try:
-                fn()
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-        return go
-
-    threads = [threading.Thread(target=wrap(t)) for t in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-        assert not t.is_alive(), "a client hung"
-    if errors:
-        raise errors[0]
 
 
 def test_two_concurrent_episodes_each_get_their_own_slot_data_and_grade(bridge):
@@ -62,7 +40,7 @@ def test_two_concurrent_episodes_each_get_their_own_slot_data_and_grade(bridge):
                 results[seed] = (claim.slot, seen, control.result(claim.token))
         return go
 
-    run_threads(episode(3), episode(6))
+    assert run_threads([episode(3), episode(6)]) == []
     assert {results[3][0], results[6][0]} == {0, 1}
     for seed in (3, 6):
         slot, seen, grade = results[seed]
@@ -116,7 +94,7 @@ def test_mixed_seeds_in_flight_at_once_each_match_a_single_env(bridge):
                 control.result(claim.token)
         return go
 
-    run_threads(*(episode(i, s) for i, s in enumerate(seeds)))
+    assert run_threads([episode(i, s) for i, s in enumerate(seeds)]) == []
     for i, seed in enumerate(seeds):
         env = gym.make("CartPole-v1")
         ref = [env.reset(seed=seed)[0]] + [env.step(1)[0] for _ in range(5)]
@@ -205,7 +183,7 @@ def test_a_sim_exception_sends_error_frames_and_marks_the_bridge_broken(bridge, 
                     errors.append(str(exc))
             return go
 
-        run_threads(drive(ca), drive(cb))
+        assert run_threads([drive(ca), drive(cb)]) == []
         assert len(errors) == 2 and all("exploded on purpose" in e for e in errors)
         stats = a.stats()
         assert "exploded on purpose" in stats["broken"]
@@ -241,7 +219,7 @@ def test_wave_fallback_claims_wait_for_the_next_global_reset(bridge):
                 assert control.result(claim.token)["total_reward"] == pytest.approx(seed)
         return go
 
-    run_threads(episode(3, 0), episode(6, 0), episode(7, 0.3))
+    assert run_threads([episode(3, 0), episode(6, 0), episode(7, 0.3)]) == []
     assert sorted(s for _, s, _ in order) == [3, 6, 7]
 
 

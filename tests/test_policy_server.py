@@ -26,6 +26,7 @@ import websockets.sync.client
 from websockets.asyncio.server import serve
 from websockets.frames import CloseCode
 
+from conftest import run_threads
 from policykit import HORIZON, expected_chunk, start_server, stop
 from pytest_hud.agent.model import load_policy
 from pytest_hud.agent.remote import RemotePolicy, RemotePolicyError
@@ -60,29 +61,6 @@ def http_get(announce: dict, path: str) -> tuple[int, str, str]:
 
 def stats(announce: dict) -> dict:
     return json.loads(http_get(announce, "/stats")[2])
-
-
-def run_threads(targets, timeout: float = 30.0) -> list[BaseException]:
-    """Run callables concurrently (released together); returns the exceptions they raised."""
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(targets))
-
-    def wrap(fn):
-        def go():
-            try:
-                barrier.wait(10)
-                fn()
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-        return go
-
-    threads = [threading.Thread(target=wrap(t)) for t in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), "a client hung"
-    return errors
 
 
 def state_of(caller: int, request: int) -> np.ndarray:
