@@ -9,6 +9,7 @@ Usable from plain Python; the pytest fixtures hand out these objects via ``share
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -77,6 +78,12 @@ class Episode:
 
     def __enter__(self) -> Episode:
         return self.claim()
+
+    async def __aenter__(self) -> Episode:
+        return await asyncio.to_thread(self.claim)  # the control call must not block the event loop
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.to_thread(self.__exit__, *exc)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # Grade whatever happened (a partial episode still has a step count), always free the slot.

@@ -40,6 +40,7 @@ class HudSession:
         self.sims: dict[tuple[str, str], SharedSim] = {}
         self.agents: dict[tuple[str, str], Agent] = {}
         self.current_item: pytest.Item | None = None
+        self.policy_hashes: dict[str | None, str | None] = {}  # content hash per policy spec (resume identity)
         self._recorders: list[Any] | None = None
 
     @property
@@ -236,12 +237,6 @@ class _PluginEpisode(Episode):
             except BridgeError as exc2:
                 raise EpisodeError(f"cannot claim a slot: {exc2} (first attempt: {exc})") from None
 
-    async def __aenter__(self) -> Episode:
-        return await asyncio.to_thread(self.claim)
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await asyncio.to_thread(self.__exit__, *exc)
-
 
 class RobotAgent:
     """The policy harness for one test: ``run(episode)`` / ``await arun(episode)``.
@@ -276,7 +271,7 @@ class RobotAgent:
         """asyncio version of :meth:`run`."""
         agent = await asyncio.to_thread(self.agent_for, episode)
         if episode.token is None and episode.grade_data is None:
-            async with episode:  # type: ignore[attr-defined]
+            async with episode:
                 return await agent.arun(episode, max_steps if max_steps is not None else self.max_steps)
         return await agent.arun(episode, max_steps if max_steps is not None else self.max_steps)
 

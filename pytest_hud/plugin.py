@@ -274,7 +274,7 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
 
     marks = hud_settings(item)
     policy = hud.settings.get("policy_cli") or marks.get("policy") or hud.settings.get("policy")
-    cache = hud.__dict__.setdefault("_policy_hashes", {})
+    cache = hud.policy_hashes
     if policy not in cache:
         try:
             cache[policy] = policy_content_hash(policy) if policy else None
@@ -487,10 +487,13 @@ class HudController:
             self.writer = ResultsWriter(path, self.provenance, self.run_id, append=resuming_here)
         self.gate_config = _gate_config(config, settings)
         self.baseline = None
+        self.baseline_successes: dict[str, dict[str, bool]] = {}  # task -> episode -> success
         if settings["baseline"]:
+            from .gate import outcomes_from_results
             from .results import load_results
 
             self.baseline = load_results(settings["baseline"])
+            self.baseline_successes = {t: o.successes for t, o in outcomes_from_results(self.baseline).items()}
         self.floors: dict[str, float] = {}
         self.verdicts: list[Any] | None = None
         self.other_failures = 0
@@ -542,20 +545,9 @@ class HudController:
             test = self._sequential_tests.get(task)
             return test.decide() if test is not None else "undecided"
 
-    def _baseline_successes(self) -> dict[str, dict[str, bool]]:
-        if self.baseline is None:
-            return {}
-        cached = self.__dict__.get("_base_succ")
-        if cached is None:
-            from .gate import outcomes_from_records
-
-            cached = {t: o.successes for t, o in outcomes_from_records(self.baseline.latest_episodes()).items()}
-            self.__dict__["_base_succ"] = cached
-        return cached
-
     def _feed_sequential(self, record: EpisodeRecord) -> None:
         """Paired, in declared order: each finished episode updates its task's anytime-valid test."""
-        base = self._baseline_successes().get(record.task)
+        base = self.baseline_successes.get(record.task)
         if not self.settings["sequential"] or base is None or record.outcome == "skipped" or (record.reused and not self.settings["sequential"]):
             return
         test = self._sequential_tests.get(record.task)
@@ -563,7 +555,7 @@ class HudController:
             from .stats import SequentialTest
 
             order = [d["episode"] for d in self.declared.values() if d["task"] == record.task and d["episode"] in base]
-            tasks = {d["task"] for d in self.declared.values()} & set(self._baseline_successes())
+            tasks = {d["task"] for d in self.declared.values()} & set(self.baseline_successes)
             cfg = self.gate_config
             # Bonferroni across the compared tasks keeps the family-wise rate <= alpha.
             test = SequentialTest(alpha=cfg.alpha / max(1, len(tasks)), max_drop=cfg.max_drop,

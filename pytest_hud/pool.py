@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .client import BridgeAddress, BridgeError, ControlClient
+from .client import BridgeAddress
 from .rpc import RpcError, RpcServer
 
 __all__ = ["PoolError", "BridgeSpec", "SimPool", "PoolService"]
@@ -214,10 +214,6 @@ class SimPool:
             for b in items
         ]
 
-    def pids(self) -> list[int]:
-        with self._lock:
-            return [p.pid for p in self._children]
-
     def stop_all(self, timeout: float = 5.0) -> None:
         """Stop every child (SIGTERM, then SIGKILL) and remove the work dir with its secrets."""
         with self._lock:
@@ -341,11 +337,3 @@ class PoolService:
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
-
-def probe_bridge(address: BridgeAddress, timeout: float = 5.0) -> dict[str, Any] | None:
-    """A bridge's ``stats()``, or None when it cannot be reached."""
-    try:
-        with ControlClient(address, timeout=timeout) as control:
-            return control.stats()
-    except BridgeError:
-        return None

@@ -81,10 +81,15 @@ def bridge(tmp_path: Path) -> Iterator:
     make.processes = procs
     yield make
     for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate a test's child process, killing it if it does not exit within 5 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

@@ -7,12 +7,13 @@ numpy only: the server tests run in the core environment, without torch.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from conftest import launch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,19 +76,9 @@ def loop() -> LoopPolicy:
 # ------------------------------------------------------------------------------ the server
 def start_server(tmp_path: Path, policy: str, *extra: str, timeout: float = 60.0):
     """Start ``python -m pytest_hud.agent.server`` and wait for its announce file; (process, announce)."""
-    from conftest import launch
-
     announce = tmp_path / f"policy-{time.monotonic_ns()}.json"
     proc, _ = launch([sys.executable, "-m", "pytest_hud.agent.server", "--policy", policy, "--port", "0",
                       *extra, "--announce", str(announce)], tmp_path, "policy server", timeout, cwd=REPO)
     return proc, json.loads(announce.read_text())
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)

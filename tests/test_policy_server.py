@@ -26,8 +26,8 @@ import websockets.sync.client
 from websockets.asyncio.server import serve
 from websockets.frames import CloseCode
 
-from conftest import run_threads
-from policykit import HORIZON, expected_chunk, start_server, stop
+from conftest import run_threads, stop
+from policykit import HORIZON, expected_chunk, start_server
 from pytest_hud.agent.model import load_policy
 from pytest_hud.agent.remote import RemotePolicy, RemotePolicyError
 

@@ -166,7 +166,8 @@ class Agent:
     async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
         """asyncio version of :meth:`run` (the model's ``predict`` is called inline)."""
         if episode.token is None and episode.grade_data is None:
-            raise EpisodeError("arun needs a claimed episode: `with shared_sim.episode(seed=s) as ep:`")
+            async with episode:
+                return await self.arun(episode, max_steps)
         self._start(episode)
         limit = self._limits(max_steps)
         contract = episode.contract

@@ -22,7 +22,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 pytest.importorskip("lerobot.policies")
 
 from evals.sims.reach import expert_action, make_reach
-from policykit import start_server, stop
+from conftest import stop
+from policykit import start_server
 from pytest_hud.agent.lerobot import LeRobotPolicy
 from pytest_hud.agent.remote import RemotePolicy
 
