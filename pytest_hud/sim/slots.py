@@ -1,16 +1,13 @@
-"""Slot bookkeeping for one bridge: who holds which slot, and what its episode has done so far.
+"""What one bridge slot is: its state, its claim, its episode's tallies and its grade.
 
-Pure logic (no sockets, no sim): the server and the tick loop call into a :class:`SlotRegistry`
-and act on what it returns, so the rules are testable with plain function calls.
+A plain record; every rule about how slots change lives in :mod:`.engine`. Life of a slot::
 
-Life of a slot::
-
-    FREE --claim(token)--> CLAIMED --agent dials, slot reset--> LIVE --terminated--> DONE
+    FREE --claim(token)--> CLAIMED --agent binds, slot reset--> LIVE --terminated--> DONE
       ^                       |                                   |                  |
       +---- release / result / owner connection closed -----------+------------------+
 
 A CLAIMED slot is never stepped on its episode's behalf: it is reset (with the claim's seed) only
-when its agent dials in, so whatever hold-steps happened before cannot leak into the episode.
+when its agent binds, so whatever hold-steps happened before cannot leak into the episode.
 """
 
 from __future__ import annotations
@@ -20,21 +17,21 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from .failures import SlotError, SlotFailure
+
 __all__ = ["SlotError", "SlotState", "Slot", "SlotRegistry"]
-
-
-class SlotError(LookupError):
-    """A claim, token or slot operation that the registry refuses (the message says why)."""
 
 
 class SlotState(enum.Enum):
     FREE = "free"
-    CLAIMED = "claimed"  # token minted, agent not connected yet
-    LIVE = "live"  # agent connected, episode running
+    CLAIMED = "claimed"  # token minted, agent not bound yet
+    LIVE = "live"  # agent bound, episode running
     DONE = "done"  # episode over (terminated, truncated or failed); awaiting result/release
 
 
-@dataclass
+@dataclass(eq=False)
 class Slot:
     index: int
     state: SlotState = SlotState.FREE
@@ -53,17 +50,22 @@ class Slot:
     terminated: bool = False
     truncated: bool = False
     error: str | None = None
+    failure: SlotFailure | None = None  # what ended the episode, for the agent (first one wins)
     # tick bookkeeping
     connected: bool = False
     pending_action: Any = None
-    last_action: Any = None
+    last_action: Any = None  # kept across episodes: the "repeat" hold for a free slot
     needs_park_reset: bool = False  # finished sub-env must be reset before the next step
+    first_obs: dict[str, np.ndarray] | None = None
+    deadline: float | None = None  # when a LIVE slot waiting for its agent's action is late
+    awaiting: str = "first action"
 
     def clear_episode(self) -> None:
         self.task, self.seed, self.options, self.prompt = {}, None, None, None
         self.steps, self.total_reward, self.score = 0, 0.0, None
         self.success = self.success_at_reset = self.terminated = self.truncated = False
-        self.error, self.pending_action, self.connected = None, None, False
+        self.error, self.failure, self.pending_action, self.connected = None, None, None, False
+        self.deadline, self.awaiting = None, "first action"
 
     def result(self) -> dict[str, Any]:
         """The episode's grade as builtin types (what ``result(token)`` returns)."""
@@ -82,6 +84,7 @@ class Slot:
         }
 
 
+# The server still uses the registry; it moves to engine.BridgeEngine in the next commit.
 class SlotRegistry:
     """Tokens, owners and states of ``width`` slots."""
 

@@ -1,0 +1,437 @@
+"""The bridge's rules without I/O: claims, ticks, holds, timeouts and failures of its slots.
+
+:class:`BridgeEngine` holds every slot (:mod:`.slots`) and decides what happens to it; :mod:`.server`
+only moves bytes (sockets, codec) and runs the sim calls the engine plans, on the main thread. Time
+is passed in (``now``: seconds on a monotonic clock), so every rule, timeouts included, is testable
+with plain function calls and a fake batch.
+
+Tick rules (DESIGN §6):
+
+- step when every LIVE slot has sent an action; never when no slot is LIVE;
+- every other slot gets the hold action (zeros, or its last action with ``hold="repeat"``). A
+  CLAIMED slot is reset with its claim's seed only when its agent binds, so hold-steps before that
+  cannot leak into its episode; in wave mode no step at all while a reset slot waits for its agent;
+- a finished sub-env is parked (reset without a seed) before the next step;
+- a bad action fails that slot only; a sim exception fails the slots that acted and breaks the bridge;
+- a slot silent past its deadline (first action, then each step) is failed; its peers continue.
+
+What the engine refuses or ends is a :mod:`.failures` class; ``str(failure)`` is what the agent reads.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..contract import Contract, ContractError
+from .failures import (ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout, EpisodeOver,
+                       NoFirstObservation, SimFailed, SlotError, SlotFailure, SlotReleased, TaskError)
+from .slots import Slot, SlotState
+
+__all__ = ["Timeouts", "Handshake", "ResetPlan", "TickPlan", "BridgeEngine"]
+
+
+@dataclass
+class Timeouts:
+    """Seconds a bridge waits for each thing before failing the slot that is late."""
+
+    claim: float = 30.0  # WebSocket connect → claim frame
+    first_action: float = 300.0  # first observation → first action (model warm-up)
+    step: float = 30.0  # observation → next action
+    wait_slot: float = 600.0  # reset() waiting for a free slot or the next wave
+
+
+@dataclass(eq=False)
+class Handshake:
+    """A WebSocket that has not sent its claim frame yet (``deadline`` is None once settled)."""
+
+    deadline: float | None
+    failure: SlotFailure | None = None
+
+
+@dataclass
+class ResetPlan:
+    """Slots to reset, with each claim's own seed and options (all lists in slot order)."""
+
+    slots: list[Slot]
+    indices: list[int]
+    seeds: list[int | None]
+    options: list[dict[str, Any] | None]
+
+
+@dataclass
+class TickPlan:
+    """One batched step: the ``[N, *action_shape]`` batch, holds included, and the slots to park first."""
+
+    actions: np.ndarray
+    park: list[int]
+    acting: list[tuple[Slot, str | None, Any]]  # (slot, its token, its action) when planned
+
+
+class BridgeEngine:
+    """Slots, claims and tick rules of one bridge with ``width`` slots (see the module docstring)."""
+
+    def __init__(self, width: int, contract: Contract, hold_action: Any, *, hold: str = "zeros",
+                 wave: bool = False, timeouts: Timeouts | None = None,
+                 build_args: dict[str, Any] | None = None) -> None:
+        if width < 1:
+            raise ValueError(f"width must be at least 1, got {width}")
+        if hold not in ("zeros", "repeat"):
+            raise ValueError(f"hold must be 'zeros' or 'repeat', got {hold!r}")
+        self.slots = [Slot(i) for i in range(width)]
+        self.contract, self.hold, self.wave = contract, hold, wave
+        self.timeouts = timeouts or Timeouts()
+        self.build_args = dict(build_args or {})
+        self._build_key = json.dumps(self.build_args, sort_keys=True)
+        self._hold_action = np.asarray(hold_action)
+        self._batch_shape = (width,) + self._hold_action.shape
+        self._by_token: dict[str, Slot] = {}
+        self._handshakes: set[Handshake] = set()
+        self.broken: str | None = None  # the sim's traceback, once it raised
+        self.ticks = self.slot_steps = self.episodes = 0
+
+    @property
+    def width(self) -> int:
+        return len(self.slots)
+
+    @property
+    def broken_reason(self) -> str:
+        """The last line of the sim's traceback (the exception itself), or '' when not broken."""
+        return self.broken.splitlines()[-1] if self.broken else ""
+
+    # ---------------------------------------------------------------- claims
+    def check_task(self, task: dict[str, Any]) -> dict[str, Any]:
+        """``task`` without its ``build`` arguments, once they match this bridge; else :class:`TaskError`."""
+        task = dict(task)
+        build = task.pop("build", None) or {}
+        if not isinstance(build, dict):
+            raise TaskError("build must be an object of env-defining arguments")
+        if json.dumps(build, sort_keys=True) != self._build_key:
+            raise TaskError(
+                f"this bridge was built with {self.build_args!r} but the claim asks for {build!r}; "
+                "env-defining arguments must match across a bridge's slots, so claim on another "
+                "bridge (the pytest plugin's pool routes such claims for you)"
+            )
+        seed = task.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise TaskError(f"seed must be a non-negative integer or null, got {seed!r}")
+        options = task.get("options")
+        if options is not None and not isinstance(options, dict):
+            raise TaskError(f"options must be an object or null, got {type(options).__name__}")
+        prompt = task.get("prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            raise TaskError(f"prompt must be a string or null, got {type(prompt).__name__}")
+        return task
+
+    def can_claim(self) -> bool:
+        """A slot is free, and (wave mode) no episode is running: a wave claim waits for the next wave."""
+        if self.wave and any(s.state in (SlotState.LIVE, SlotState.DONE) for s in self.slots):
+            return False
+        return any(s.state is SlotState.FREE for s in self.slots)
+
+    def claim(self, owner: int, task: dict[str, Any], index: int | None = None) -> Slot:
+        """Mint a token for a free slot (the lowest free index unless ``index`` is given)."""
+        free = [s for s in self.slots if s.state is SlotState.FREE and index in (None, s.index)]
+        if not free:
+            raise SlotError("no free slot")
+        slot = free[0]
+        slot.clear_episode()
+        slot.state = SlotState.CLAIMED
+        slot.token = secrets.token_hex(16)  # 128 bits: unguessable, and short on the wire
+        slot.owner = owner
+        slot.task = dict(task)
+        seed = task.get("seed")
+        slot.seed = None if seed is None else int(seed)
+        slot.options, slot.prompt = task.get("options"), task.get("prompt")
+        self._by_token[slot.token] = slot
+        return slot
+
+    def by_token(self, token: Any) -> Slot:
+        if not isinstance(token, str):
+            raise SlotError(f"a claim token is a string, got {type(token).__name__}")
+        slot = self._by_token.get(token)
+        if slot is None:
+            raise SlotError(
+                "unknown or released token; claim a slot with reset() on the control channel first"
+            )
+        return slot
+
+    def owned(self, owner: int, token: Any) -> Slot:
+        """The slot of ``token``, which only the connection that minted it may grade or release."""
+        slot = self.by_token(token)
+        if slot.owner != owner:
+            raise SlotError("this token was minted on another connection; only its owner may use it")
+        return slot
+
+    def owned_by(self, owner: int) -> list[Slot]:
+        return [s for s in self.slots if s.owner == owner and s.state is not SlotState.FREE]
+
+    def grade(self, slot: Slot) -> dict[str, Any]:
+        """``result(token)``: the grade, its prompt and task; the caller then releases the slot."""
+        result = slot.result()
+        result["prompt"] = slot.prompt
+        result["task"] = {k: v for k, v in slot.task.items() if k != "options"}
+        self.episodes += 1
+        return result
+
+    def release(self, slot: Slot, why: str) -> SlotReleased:
+        """Free a slot whatever its state; returns the failure for an agent still waiting on it."""
+        if slot.token is not None:
+            self._by_token.pop(slot.token, None)
+        slot.token, slot.owner = None, None
+        slot.state = SlotState.FREE
+        slot.connected = False
+        slot.pending_action = slot.first_obs = slot.deadline = None
+        return SlotReleased(f"slot {slot.index} released: {why}")
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [
+            {"slot": s.index, "state": s.state.value, "steps": s.steps, "connected": s.connected}
+            for s in self.slots
+        ]
+
+    # ---------------------------------------------------------------- resets
+    def plan_reset(self, slots: list[Slot]) -> ResetPlan:
+        return ResetPlan(list(slots), [s.index for s in slots], [s.seed for s in slots],
+                         [s.options for s in slots])
+
+    def plan_wave(self) -> ResetPlan | None:
+        """Wave mode: reset every claim gathered so far at once (None when there is none)."""
+        claimed = [s for s in self.slots if s.state is SlotState.CLAIMED]
+        return self.plan_reset(claimed) if claimed else None
+
+    def apply_reset(self, plan: ResetPlan, success_at_reset: Any, rows: dict[str, np.ndarray]) -> None:
+        """Store each reset slot's first observation (``rows``: ``{feature: [len(plan.slots), ...]}``)."""
+        for pos, (s, flag) in enumerate(zip(plan.slots, success_at_reset)):
+            s.success_at_reset = bool(flag)  # reported as such, never as the policy's success
+            s.needs_park_reset = False
+            s.first_obs = {k: v[pos] for k, v in rows.items()}
+        if self.wave:  # a global reset leaves no finished sub-env behind
+            for s in self.slots:
+                s.needs_park_reset = False
+
+    def reset_failed(self, plan: ResetPlan, traceback: str) -> SimFailed:
+        """The sim raised during ``plan``: the bridge is broken and the slots being bound fail."""
+        self._mark_broken(traceback)
+        failure = SimFailed(f"sim raised during reset: {self.broken_reason}")
+        for s in plan.slots:
+            if s.connected:  # per-slot reset at bind; a wave's claimers hear it from reset()
+                self._end(s, str(failure), failure)
+        return failure
+
+    # ------------------------------------------------------------- agent side
+    def open(self, now: float) -> Handshake:
+        """An agent connected; it has until ``now + Timeouts.claim`` to send its claim frame."""
+        handshake = Handshake(now + self.timeouts.claim)
+        self._handshakes.add(handshake)
+        return handshake
+
+    def hang_up(self, handshake: Handshake) -> None:
+        self._handshakes.discard(handshake)
+        handshake.deadline = None
+
+    def resolve_claim(self, token: Any) -> Slot:
+        """The slot a claim binds to (``None`` binds the only claimed slot); else :class:`SlotError`."""
+        if token is None:
+            waiting = [s for s in self.slots if s.state is SlotState.CLAIMED and not s.connected]
+            if len(waiting) != 1:
+                raise SlotError(
+                    f"a None claim needs exactly one claimed, undialed slot; there are "
+                    f"{len(waiting)}: send the token that reset() returned"
+                )
+            return waiting[0]
+        slot = self.by_token(token)
+        if slot.connected or slot.state is not SlotState.CLAIMED:
+            raise SlotError(f"token for slot {slot.index} is already in use by another connection")
+        return slot
+
+    def bind(self, handshake: Handshake, claim_frame: Any) -> Slot:
+        """Bind the agent's decoded claim frame to its slot; raises a :class:`SlotFailure` if refused."""
+        self.hang_up(handshake)
+        if handshake.failure is not None:
+            raise handshake.failure
+        if not isinstance(claim_frame, dict) or "claim" not in claim_frame:
+            raise BadClaim("the first frame must be {'claim': TOKEN}")
+        try:
+            slot = self.resolve_claim(claim_frame["claim"])
+        except SlotError as exc:
+            raise BadClaim(str(exc)) from None
+        if self.broken:
+            raise BridgeBroken(f"bridge is broken: {self.broken_reason}")
+        slot.connected = True
+        return slot
+
+    def start(self, slot: Slot, now: float) -> dict[str, Any]:
+        """The bound slot goes LIVE; returns its first observation frame and starts its first-action clock."""
+        obs = slot.first_obs
+        if obs is None:
+            raise NoFirstObservation(f"slot {slot.index} has no first observation (its reset failed)")
+        slot.first_obs = None
+        slot.state = SlotState.LIVE
+        slot.deadline, slot.awaiting = now + self.timeouts.first_action, "first action"
+        return _frame(obs, 0.0, False, False, False)
+
+    def submit_action(self, slot: Slot, action_frame: Any) -> None:
+        """Queue a LIVE slot's decoded action frame; a bad one fails that slot (raises :class:`BadAction`)."""
+        if not isinstance(action_frame, dict) or "actions" not in action_frame:
+            raise self.refuse_action(slot, f"an action frame is {{'actions': array}}, got {_describe(action_frame)}")
+        try:
+            action = self.contract.coerce_action(action_frame["actions"])
+        except ContractError as exc:
+            raise self.refuse_action(slot, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - numpy refuses some values (ragged lists): the agent's error
+            raise self.refuse_action(
+                slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})") from None
+        slot.pending_action = action
+        slot.deadline = None  # its clock restarts when its next observation is ready
+
+    def refuse_action(self, slot: Slot, reason: str) -> BadAction:
+        """Fail ``slot`` for an unusable action frame (its peers continue); returns the failure."""
+        failure = BadAction(f"slot {slot.index}: {reason}")
+        self._end(slot, str(failure), failure)
+        return failure
+
+    def late_frame(self, slot: Slot) -> EpisodeOver:
+        return EpisodeOver(f"slot {slot.index}: the episode is over; call result(token)")
+
+    def disconnect(self, slot: Slot, clean: bool) -> None:
+        """The agent hung up. A clean close mid-episode is an agent that stopped; anything else an error."""
+        if slot.state is SlotState.LIVE:
+            self._end(slot, None if clean else f"slot {slot.index}: agent disconnected mid-episode")
+
+    def expire(self, now: float) -> list[tuple[Slot | Handshake, SlotFailure]]:
+        """Fail every handshake and LIVE slot whose deadline is ``now`` or earlier; returns them."""
+        expired: list[tuple[Slot | Handshake, SlotFailure]] = []
+        for hs in [h for h in self._handshakes if h.deadline is not None and h.deadline <= now]:
+            self.hang_up(hs)
+            hs.failure = ClaimTimeout(f"no claim frame within {self.timeouts.claim:.0f} s; send {{'claim': TOKEN}}")
+            expired.append((hs, hs.failure))
+        for s in self.slots:
+            if s.state is SlotState.LIVE and s.deadline is not None and s.deadline <= now:
+                first = s.awaiting == "first action"
+                limit, flag = ((self.timeouts.first_action, "--hud-first-action-timeout") if first
+                               else (self.timeouts.step, "--hud-step-timeout"))
+                failure = ActionTimeout(
+                    f"slot {s.index} sent no {s.awaiting} within {limit:g} s ({flag}); its peers continue")
+                self._end(s, str(failure), failure)
+                expired.append((s, failure))
+        return expired
+
+    # ------------------------------------------------------------------ ticks
+    def ready_to_step(self) -> bool:
+        """Every live slot has sent its action, and at least one slot is live."""
+        any_live = False
+        for s in self.slots:
+            if s.state is SlotState.LIVE:
+                if s.pending_action is None:
+                    return False
+                any_live = True
+        return any_live
+
+    def plan_tick(self) -> TickPlan | None:
+        """The next batched step, or None when the rules say not to step now."""
+        if self.broken or not self.ready_to_step():
+            return None
+        if self.wave and any(s.state is SlotState.CLAIMED for s in self.slots):
+            return None  # a reset slot whose agent has not bound yet must not be stepped
+        actions = np.empty(self._batch_shape, self._hold_action.dtype)
+        park, acting = [], []
+        repeat = self.hold == "repeat"
+        for s in self.slots:
+            live = s.state is SlotState.LIVE
+            if s.needs_park_reset and not live:
+                park.append(s.index)
+            if live:
+                actions[s.index] = s.pending_action
+                acting.append((s, s.token, s.pending_action))
+            elif repeat and s.last_action is not None:
+                actions[s.index] = s.last_action
+            else:
+                actions[s.index] = self._hold_action
+        return TickPlan(actions, park, acting)
+
+    def apply_batch(self, plan: TickPlan, batch: Any, obs: dict[str, np.ndarray],
+                    now: float) -> list[tuple[int, dict[str, Any]]]:
+        """Tally a step's ``batch`` (a :class:`StepBatch`) and ``obs`` (``{feature: [N, ...]}``).
+
+        Returns ``(slot index, observation frame)`` for every slot that acted. A slot released while
+        the step ran (its token changed) is left alone: its next episode must not inherit the step.
+        """
+        slots = self.slots
+        for i in plan.park:
+            slots[i].needs_park_reset = False
+        self.ticks += 1
+        self.slot_steps += len(plan.acting)
+        ended = batch.terminated | batch.truncated
+        for i in np.flatnonzero(ended):
+            slots[i].needs_park_reset = True
+        rewards, success, score = batch.rewards, batch.success, batch.score
+        deadline = now + self.timeouts.step
+        frames = []
+        for s, token, action in plan.acting:
+            if s.token != token:
+                continue
+            i = s.index
+            reward = float(rewards[i])
+            s.steps += 1
+            s.total_reward += reward
+            if success[i]:
+                s.success = True  # latched: a later step cannot take it back
+            if score is not None and not np.isnan(score[i]):
+                s.score = float(score[i])
+            s.last_action, s.pending_action = action, None
+            done, truncated = bool(ended[i]), bool(batch.truncated[i])
+            if done:
+                s.terminated, s.truncated = bool(batch.terminated[i]), truncated
+                s.state, s.deadline = SlotState.DONE, None
+            elif s.state is SlotState.LIVE:
+                s.deadline, s.awaiting = deadline, "action"
+            frames.append((i, _frame({k: v[i] for k, v in obs.items()}, reward, done, truncated, s.success)))
+        return frames
+
+    def step_failed(self, plan: TickPlan, traceback: str) -> list[tuple[int, SimFailed]]:
+        """The sim raised during ``plan``: the bridge is broken and every slot that acted fails."""
+        self._mark_broken(traceback)
+        # the exception's own line first: it is what a summary line or a report shows
+        why = f"sim raised during step: {self.broken_reason}\n{self.broken}"
+        failed = []
+        for s, token, _ in plan.acting:
+            if s.token == token:
+                failure = SimFailed(f"slot {s.index}: {why}")
+                self._end(s, why, failure)
+                failed.append((s.index, failure))
+        return failed
+
+    # --------------------------------------------------------------- helpers
+    def _end(self, slot: Slot, error: str | None, failure: SlotFailure | None = None) -> None:
+        if slot.state is SlotState.LIVE or slot.state is SlotState.CLAIMED:
+            slot.state = SlotState.DONE
+        if error and not slot.error:
+            slot.error = error
+            if slot.failure is None:
+                slot.failure = failure
+        slot.pending_action = slot.deadline = None
+
+    def _mark_broken(self, traceback: str) -> None:
+        if not self.broken:
+            self.broken = traceback.strip()
+
+
+def _frame(obs: dict[str, Any], reward: float, done: bool, truncated: bool, success: bool) -> dict[str, Any]:
+    """One observation frame: the contract's features plus the step's outcome (DESIGN §4)."""
+    out: dict[str, Any] = dict(obs)
+    out["reward"] = np.float32(reward)
+    out["terminated"] = done  # terminated or truncated: the episode is over either way
+    out["truncated"] = truncated
+    out["success"] = success
+    return out
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return f"a map with keys {sorted(map(str, value))[:8]}"
+    return type(value).__name__

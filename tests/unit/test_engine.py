@@ -1,0 +1,421 @@
+"""The bridge engine's rules as plain function calls: claims, ticks, holds, timeouts, failures.
+
+No sockets, no subprocess: a fake in-memory batch stands in for the vectorized sim, and time is a
+number passed in. ``tests/test_bridge.py`` drives the same rules end to end through real sockets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pytest_hud.contract import Contract, Feature
+from pytest_hud.sim.base import StepBatch
+from pytest_hud.sim.engine import BridgeEngine, ResetPlan, TickPlan, Timeouts
+from pytest_hud.sim.failures import (ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout,
+                                     EpisodeOver, NoFirstObservation, SimFailed, SlotError, SlotReleased,
+                                     TaskError)
+from pytest_hud.sim.slots import Slot, SlotState
+
+CONTRACT = Contract(
+    features={
+        "state": Feature("state", "observation", "state", "float32", (2,), ["seed", "step"]),
+        "action": Feature("action", "action", "box", "float32", (1,), ["a"], [-1.0], [1.0]),
+    },
+    control_rate=10.0,
+)
+TIMEOUTS = Timeouts(claim=30.0, first_action=300.0, step=5.0)
+
+
+class FakeBatch:
+    """An in-memory vectorized sim: slot i's state is ``[seed, steps since reset]``.
+
+    An episode lasts ``length`` steps, earns ``seed / length`` per step and succeeds at its end when
+    the seed is above 4; a seed of 100 or more is "already solved" at reset.
+    """
+
+    def __init__(self, width: int, length: int = 3) -> None:
+        self.width, self.length = width, length
+        self.seed, self.t = np.zeros(width), np.zeros(width)
+        self.resets: list[list[int]] = []
+        self.actions: list[np.ndarray] = []
+
+    def reset(self, plan: ResetPlan):
+        self.resets.append(list(plan.indices))
+        for i, seed in zip(plan.indices, plan.seeds):
+            self.seed[i], self.t[i] = seed or 0, 0
+        flags = np.array([self.seed[i] >= 100 for i in plan.indices])
+        return flags, {k: v[plan.indices] for k, v in self.observe().items()}
+
+    def step(self, plan: TickPlan):
+        for i in plan.park:
+            self.seed[i] = self.t[i] = 0
+            self.resets.append([i])
+        self.actions.append(plan.actions.copy())
+        self.t += 1
+        done = self.t >= self.length
+        batch = StepBatch(self.seed / self.length, done, np.zeros(self.width, bool), done & (self.seed > 4))
+        return batch, self.observe()
+
+    def observe(self):
+        return {"state": np.stack([self.seed, self.t], axis=1).astype(np.float32)}
+
+
+def make(width: int = 2, length: int = 3, **kwargs) -> tuple[BridgeEngine, FakeBatch]:
+    kwargs.setdefault("timeouts", TIMEOUTS)
+    return BridgeEngine(width, CONTRACT, np.zeros(1, np.float32), **kwargs), FakeBatch(width, length)
+
+
+def live_slot(engine: BridgeEngine, sim: FakeBatch, seed: int, owner: int = 1, now: float = 0.0) -> Slot:
+    """Claim, bind and reset a slot the way the server does; returns it LIVE."""
+    slot = engine.claim(owner, {"seed": seed})
+    bound = engine.bind(engine.open(now), {"claim": slot.token})
+    assert bound is slot
+    plan = engine.plan_reset([slot])
+    engine.apply_reset(plan, *sim.reset(plan))
+    frame = engine.start(slot, now)
+    assert list(frame["state"]) == [seed, 0] and frame["terminated"] is False
+    return slot
+
+
+def act(engine: BridgeEngine, *slots: Slot, value: float = 0.0) -> None:
+    for slot in slots:
+        engine.submit_action(slot, {"actions": np.array([value], np.float32)})
+
+
+def tick(engine: BridgeEngine, sim: FakeBatch, now: float = 0.0) -> dict[int, dict] | None:
+    """One tick if the rules allow it: ``{slot index: frame}``, or None when nothing was stepped."""
+    plan = engine.plan_tick()
+    if plan is None:
+        return None
+    return dict(engine.apply_batch(plan, *sim.step(plan), now=now))
+
+
+# ---------------------------------------------------------------- claims
+def test_tokens_are_unguessable_and_unique():
+    engine, _ = make(4)
+    tokens = {engine.claim(1, {"seed": i}).token for i in range(4)}
+    assert len(tokens) == 4 and all(len(t) == 32 for t in tokens)  # 128 bits of hex
+
+
+def test_a_full_bridge_refuses_claims_until_a_slot_is_released():
+    engine, _ = make(1)
+    slot = engine.claim(1, {})
+    assert not engine.can_claim()
+    with pytest.raises(SlotError, match="no free slot"):
+        engine.claim(1, {})
+    assert isinstance(engine.release(slot, "token released"), SlotReleased)
+    assert engine.can_claim() and engine.claim(2, {}).index == 0
+
+
+def test_closing_an_owner_releases_only_its_claims():
+    engine, _ = make(3)
+    a, b = engine.claim(1, {}), engine.claim(2, {})
+    token = a.token
+    assert engine.owned_by(1) == [a]
+    for slot in engine.owned_by(1):
+        engine.release(slot, "the control connection that claimed this slot closed")
+    assert a.state is SlotState.FREE and b.state is SlotState.CLAIMED
+    with pytest.raises(SlotError, match="unknown or released"):
+        engine.by_token(token)
+    with pytest.raises(SlotError, match="only its owner"):
+        engine.owned(1, b.token)
+
+
+def test_a_none_claim_binds_only_an_unambiguous_slot():
+    engine, _ = make(2)
+    one = engine.claim(1, {})
+    assert engine.resolve_claim(None) is one
+    engine.claim(1, {})
+    with pytest.raises(BadClaim, match="exactly one"):
+        engine.bind(engine.open(0.0), {"claim": None})
+
+
+def test_a_claim_frame_must_name_a_claimed_token_once():
+    engine, _ = make(1)
+    slot = engine.claim(1, {})
+    with pytest.raises(BadClaim, match=r"must be \{'claim': TOKEN\}"):
+        engine.bind(engine.open(0.0), [slot.token])
+    with pytest.raises(BadClaim, match="unknown or released token"):
+        engine.bind(engine.open(0.0), {"claim": "f" * 32})
+    engine.bind(engine.open(0.0), {"claim": slot.token})
+    with pytest.raises(BadClaim, match="already in use"):
+        engine.bind(engine.open(0.0), {"claim": slot.token})
+
+
+def test_a_task_must_match_the_bridges_build_arguments_and_types():
+    engine, _ = make(1, build_args={"task": "push"})
+    assert engine.check_task({"build": {"task": "push"}, "seed": 3}) == {"seed": 3}
+    with pytest.raises(TaskError, match="claim on another bridge"):
+        engine.check_task({"build": {"task": "pull"}})
+    with pytest.raises(TaskError, match="non-negative integer"):
+        engine.check_task({"build": {"task": "push"}, "seed": True})
+    with pytest.raises(TaskError, match="options must be an object"):
+        engine.check_task({"build": {"task": "push"}, "options": [1]})
+
+
+# ----------------------------------------------------------------- ticks
+def test_ticks_wait_for_every_live_slot():
+    engine, sim = make(2)
+    a, b = live_slot(engine, sim, 3), live_slot(engine, sim, 6)
+    act(engine, a)
+    assert not engine.ready_to_step() and tick(engine, sim) is None
+    act(engine, b)
+    frames = tick(engine, sim)
+    assert sorted(frames) == [0, 1] and list(frames[1]["state"]) == [6, 1]
+    assert (a.steps, b.steps, engine.ticks, engine.slot_steps) == (1, 1, 1, 2)
+
+
+def test_no_step_without_a_live_slot():
+    engine, sim = make(2, length=1)
+    engine.claim(1, {"seed": 1})
+    assert not engine.ready_to_step() and engine.plan_tick() is None
+    assert sim.actions == []
+    slot = live_slot(engine, sim, 2)
+    act(engine, slot)
+    tick(engine, sim)  # its last step: nothing is live afterwards
+    assert slot.state is SlotState.DONE and engine.plan_tick() is None and len(sim.actions) == 1
+
+
+def test_a_claimed_but_unbound_slot_is_held_and_reset_only_when_its_agent_binds():
+    engine, sim = make(2)
+    waiting = engine.claim(1, {"seed": 9})
+    busy = live_slot(engine, sim, 2)
+    while busy.state is SlotState.LIVE:
+        act(engine, busy, value=0.5)
+        frames = tick(engine, sim)
+        assert frames.keys() == {busy.index}  # the claimed slot is stepped with the hold, never for itself
+    assert [a[waiting.index, 0] for a in sim.actions] == [0.0, 0.0, 0.0]
+    assert waiting.steps == 0 and waiting.state is SlotState.CLAIMED
+    engine.bind(engine.open(0.0), {"claim": waiting.token})
+    plan = engine.plan_reset([waiting])
+    assert plan.indices == [waiting.index] and plan.seeds == [9]
+    engine.apply_reset(plan, *sim.reset(plan))
+    assert list(engine.start(waiting, 0.0)["state"]) == [9, 0]  # fresh, whatever the peer did
+
+
+def test_free_and_finished_slots_get_the_hold_action():
+    engine, sim = make(3, length=1)
+    a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
+    act(engine, a, b, value=0.7)
+    tick(engine, sim)  # both finish (length 1)
+    assert a.state is SlotState.DONE and b.state is SlotState.DONE
+    engine.release(b, "episode graded")
+    c = live_slot(engine, sim, 3)
+    act(engine, c, value=0.4)
+    tick(engine, sim)
+    assert c.index == 1  # the lowest free slot; slot 0 is finished and slot 2 was never claimed
+    np.testing.assert_array_equal(sim.actions[-1][:, 0], np.float32([0.0, 0.4, 0.0]))
+
+
+def test_repeat_hold_gives_a_finished_slot_its_last_action():
+    engine, sim = make(2, length=1, hold="repeat")
+    a = live_slot(engine, sim, 1)
+    act(engine, a, value=0.7)
+    tick(engine, sim)
+    b = live_slot(engine, sim, 2)
+    act(engine, b, value=-0.2)
+    tick(engine, sim)
+    assert sim.actions[-1][a.index, 0] == np.float32(0.7)  # finished: repeats its last action
+    assert sim.actions[-1][b.index, 0] == np.float32(-0.2)
+
+
+def test_a_finished_sub_env_is_parked_before_the_next_step():
+    engine, sim = make(2, length=2)
+    a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
+    act(engine, a, b)
+    tick(engine, sim)
+    engine.release(a, "token released")  # a leaves mid-episode; b runs on and finishes
+    act(engine, b)
+    tick(engine, sim)
+    assert b.state is SlotState.DONE
+    c = live_slot(engine, sim, 5)  # reusing slot 0 resets it with its own seed
+    act(engine, c)
+    plan = engine.plan_tick()
+    assert plan.park == [b.index]  # finished and not live: reset before it is stepped again
+    engine.apply_batch(plan, *sim.step(plan), now=0.0)
+    assert sim.resets[-1] == [b.index] and not b.needs_park_reset
+
+
+def test_a_wrong_shape_action_fails_that_slot_only_and_its_peer_steps_on():
+    engine, sim = make(2)
+    bad, good = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
+    with pytest.raises(BadAction, match=r"slot 0: action of shape \(3,\), contract says \(1,\)"):
+        engine.submit_action(bad, {"actions": np.zeros(3, np.float32)})
+    assert bad.state is SlotState.DONE and "shape" in bad.error
+    frames: dict[int, dict] = {}
+    while good.state is SlotState.LIVE:
+        act(engine, good)
+        frames.update(tick(engine, sim))
+    assert good.steps == 3 and bad.steps == 0 and frames.keys() == {good.index}
+    assert good.result()["total_reward"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("frame, reason", [
+    ({"action": [0.0]}, r"an action frame is \{'actions': array\}, got a map with keys \['action'\]"),
+    ({"actions": [[1.0], [2.0, 3.0]]}, "the action is not an array of numbers"),
+    ({"actions": "left"}, "action has dtype <U4"),
+    ([0.0], "got list"),
+])
+def test_an_unusable_action_frame_is_refused_with_its_reason(frame, reason):
+    engine, sim = make(1)
+    slot = live_slot(engine, sim, 1)
+    with pytest.raises(BadAction, match=reason) as refused:
+        engine.submit_action(slot, frame)
+    assert slot.failure is refused.value and str(refused.value).startswith("slot 0: ")
+
+
+def test_a_sim_exception_fails_every_live_slot_and_breaks_the_bridge():
+    engine, sim = make(3)
+    a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
+    waiting = engine.claim(1, {"seed": 3})
+    act(engine, a, b)
+    failed = dict(engine.step_failed(engine.plan_tick(), "Traceback ...\nRuntimeError: it exploded"))
+    assert failed.keys() == {a.index, b.index}
+    assert all(isinstance(f, SimFailed) and "RuntimeError: it exploded" in str(f) for f in failed.values())
+    assert a.state is b.state is SlotState.DONE and a.error.startswith("sim raised during step: RuntimeError")
+    assert engine.broken and engine.broken_reason == "RuntimeError: it exploded"
+    with pytest.raises(BridgeBroken, match="bridge is broken: RuntimeError: it exploded"):
+        engine.bind(engine.open(0.0), {"claim": waiting.token})
+    assert engine.plan_tick() is None
+
+
+def test_a_sim_exception_at_reset_fails_the_slot_being_bound():
+    engine, _ = make(1)
+    slot = engine.claim(1, {"seed": 1})
+    engine.bind(engine.open(0.0), {"claim": slot.token})
+    failure = engine.reset_failed(engine.plan_reset([slot]), "Traceback\nValueError: bad seed")
+    assert str(failure) == "sim raised during reset: ValueError: bad seed"
+    assert slot.state is SlotState.DONE and slot.error == str(failure)
+
+
+def test_a_bound_slot_that_missed_its_reset_has_no_first_observation():
+    engine, _ = make(1, wave=True)
+    slot = engine.claim(1, {})
+    engine.bind(engine.open(0.0), {"claim": None})  # dialed before any wave reset ran
+    with pytest.raises(NoFirstObservation, match="slot 0 has no first observation"):
+        engine.start(slot, 0.0)
+
+
+# -------------------------------------------------------------- timeouts
+def test_the_claim_frame_deadline_fires_at_its_second():
+    engine, _ = make(1)
+    handshake = engine.open(now=100.0)
+    assert engine.expire(129.9) == []
+    [(who, failure)] = engine.expire(130.0)
+    assert who is handshake and isinstance(failure, ClaimTimeout)
+    assert str(failure) == "no claim frame within 30 s; send {'claim': TOKEN}"
+    slot = engine.claim(1, {})
+    with pytest.raises(ClaimTimeout):  # a claim frame that arrives after the deadline is refused
+        engine.bind(handshake, {"claim": slot.token})
+
+
+def test_first_action_and_step_deadlines_fire_at_the_right_time():
+    engine, sim = make(2)
+    slow, quick = live_slot(engine, sim, 1, now=0.0), live_slot(engine, sim, 2, now=0.0)
+    assert engine.expire(299.0) == []  # model warm-up: minutes allowed for the first action
+    act(engine, slow, quick)
+    tick(engine, sim, now=299.5)
+    assert engine.expire(304.0) == []  # 5 s per later action, from the observation
+    act(engine, quick)
+    assert engine.expire(304.4) == []
+    [(who, failure)] = engine.expire(304.5)
+    assert who is slow and isinstance(failure, ActionTimeout)
+    assert str(failure) == "slot 0 sent no action within 5 s (--hud-step-timeout); its peers continue"
+    assert slow.state is SlotState.DONE and slow.failure is failure and slow.error == str(failure)
+    frames = tick(engine, sim, now=304.5)  # the silent slot no longer holds the tick back
+    assert frames.keys() == {quick.index}
+
+
+def test_a_silent_first_action_names_its_own_flag():
+    engine, sim = make(1)
+    slot = live_slot(engine, sim, 1, now=10.0)
+    [(_, failure)] = engine.expire(310.0)
+    assert "sent no first action within 300 s (--hud-first-action-timeout)" in str(failure)
+    assert slot.result()["steps"] == 0 and "no first action" in slot.result()["error"]
+
+
+def test_a_slot_waiting_for_its_peers_is_never_late():
+    engine, sim = make(2)
+    a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
+    act(engine, a)
+    [(who, _)] = engine.expire(1000.0)  # only the peer that never acted is failed
+    assert who is b and a.state is SlotState.LIVE
+
+
+# --------------------------------------------------------------- success
+def test_success_is_latched_and_success_at_reset_is_flagged():
+    engine, sim = make(2, length=10)
+    slot, already = live_slot(engine, sim, 1), live_slot(engine, sim, 100)
+    assert already.success_at_reset and not slot.success_at_reset
+    for success in (True, False):
+        act(engine, slot, already)
+        plan = engine.plan_tick()
+        batch, obs = sim.step(plan)
+        batch.success[:] = [success, False]
+        frames = dict(engine.apply_batch(plan, batch, obs, now=0.0))
+        assert frames[slot.index]["success"] is True  # latched: the second step cannot take it back
+    assert slot.result()["success"] and slot.result()["score"] == 1.0
+    result = already.result()
+    assert result["success_at_reset"] and not result["success"]  # not counted as the policy's success
+
+
+def test_a_terminal_step_ends_the_episode_and_a_later_frame_is_refused():
+    engine, sim = make(1, length=2)
+    slot = live_slot(engine, sim, 6)
+    for _ in range(2):
+        act(engine, slot)
+        frame = tick(engine, sim)[slot.index]
+    assert frame["terminated"] is True and frame["success"] is True and slot.state is SlotState.DONE
+    assert "the episode is over" in str(engine.late_frame(slot))
+    grade = engine.grade(slot)
+    assert grade["total_reward"] == pytest.approx(6.0) and grade["terminated"] and engine.episodes == 1
+
+
+# ------------------------------------------------------------------ wave
+def test_wave_claims_wait_for_the_next_global_reset():
+    engine, sim = make(2, wave=True)
+    a, b = engine.claim(1, {"seed": 3}), engine.claim(2, {"seed": 6})
+    plan = engine.plan_wave()
+    assert plan.indices == [0, 1] and plan.seeds == [3, 6]
+    engine.apply_reset(plan, *sim.reset(plan))
+    engine.bind(engine.open(0.0), {"claim": a.token})
+    engine.start(a, 0.0)
+    act(engine, a)
+    assert engine.plan_tick() is None  # b is reset but its agent has not bound: nobody steps
+    engine.bind(engine.open(0.0), {"claim": b.token})
+    assert list(engine.start(b, 0.0)["state"]) == [6, 0]
+    assert not engine.can_claim()  # a new claim waits for the next wave, it does not fail
+    act(engine, b)
+    assert tick(engine, sim).keys() == {0, 1}
+    engine.release(a, "episode graded")
+    assert not engine.can_claim()  # b still runs
+    engine.release(b, "episode graded")
+    assert engine.can_claim() and engine.plan_wave() is None
+
+
+# --------------------------------------------------- release / disconnect
+def test_release_and_disconnect_free_or_end_the_slot():
+    engine, sim = make(3)
+    a, b, c = live_slot(engine, sim, 1), live_slot(engine, sim, 2), live_slot(engine, sim, 3)
+    engine.disconnect(a, clean=True)  # an agent that stopped: no error
+    engine.disconnect(b, clean=False)
+    assert a.state is b.state is SlotState.DONE and a.error is None
+    assert b.error == "slot 1: agent disconnected mid-episode"
+    act(engine, c, value=0.3)
+    assert engine.plan_tick().actions[:, 0].tolist() == [0.0, 0.0, pytest.approx(0.3)]  # held
+    failure = engine.release(c, "token released")
+    assert str(failure) == "slot 2 released: token released"
+    assert c.state is SlotState.FREE and c.token is None and engine.plan_tick() is None
+    assert [s["state"] for s in engine.snapshot()] == ["done", "done", "free"]
+
+
+def test_a_step_in_flight_when_its_slot_is_released_does_not_leak_into_the_next_episode():
+    engine, sim = make(1)
+    old = live_slot(engine, sim, 1)
+    act(engine, old)
+    plan = engine.plan_tick()
+    engine.release(old, "token released")  # while the sim runs the step
+    new = engine.claim(2, {"seed": 4})
+    assert engine.apply_batch(plan, *sim.step(plan), now=0.0) == []
+    assert new.steps == 0 and new.total_reward == 0.0 and new.state is SlotState.CLAIMED
