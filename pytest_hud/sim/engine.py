@@ -278,7 +278,8 @@ class BridgeEngine:
     def submit_action(self, slot: Slot, action_frame: Any) -> None:
         """Queue a LIVE slot's decoded action frame; a bad one fails that slot (raises :class:`BadAction`)."""
         if not isinstance(action_frame, dict) or "actions" not in action_frame:
-            raise self.refuse_action(slot, f"an action frame is {{'actions': array}}, got {_describe(action_frame)}")
+            got = _describe(action_frame)
+            raise self.refuse_action(slot, f"an action frame is {{'actions': array}}, got {got}")
         try:
             action = self.contract.coerce_action(action_frame["actions"])
         except ContractError as exc:
@@ -308,7 +309,8 @@ class BridgeEngine:
         expired: list[tuple[Slot | Handshake, SlotFailure]] = []
         for hs in [h for h in self._handshakes if h.deadline is not None and h.deadline <= now]:
             self.hang_up(hs)
-            hs.failure = ClaimTimeout(f"no claim frame within {self.timeouts.claim:.0f} s; send {{'claim': TOKEN}}")
+            hs.failure = ClaimTimeout(
+                f"no claim frame within {self.timeouts.claim:.0f} s; send {{'claim': TOKEN}}")
             expired.append((hs, hs.failure))
         for s in self.slots:
             if s.state is SlotState.LIVE and s.deadline is not None and s.deadline <= now:

@@ -1,8 +1,10 @@
-"""The bridge's serving side: control channel, slot WebSockets and the tick loop.
+"""The bridge's I/O shell: the control channel, the slot WebSockets and the sim calls.
 
-Runs on an asyncio loop in a background thread. Every sim touch is queued to the main thread
-through ``submit`` (see :mod:`pytest_hud.sim.mainthread`) and serialised by one lock, so a slot's
-reset can never interleave with a batched step.
+Runs on an asyncio loop in a background thread. What happens to a slot (claims, ticks, holds,
+timeouts, failures) is decided by :class:`~.engine.BridgeEngine`; this module decodes frames, asks
+the engine, runs the sim calls it plans on the main thread through ``submit`` (see
+:mod:`pytest_hud.sim.mainthread`), serialised by one lock so a slot's reset can never interleave
+with a batched step, and sends back what the engine answers.
 """
 
 from __future__ import annotations
@@ -13,36 +15,28 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from ..contract import ContractError
 from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
 from .base import VectorSim
-from .slots import Slot, SlotError, SlotRegistry, SlotState
+from .engine import BridgeEngine, Handshake, ResetPlan, Timeouts
+from .failures import BadAction, BadClaim, NoFirstObservation, SimFailed, SlotError, SlotFailure, TaskError
+from .slots import Slot, SlotState
 
-__all__ = ["Timeouts", "BridgeServer"]
+__all__ = ["Timeouts", "BridgeServer", "close_code"]
 
 PROTOCOL = "pytest-hud/control/1"
+_LATE = object()  # what _next_frame returns once the engine has failed the one waiting for lateness
 
 
-@dataclass
-class Timeouts:
-    """Seconds a bridge waits for each thing before failing the slot that is late."""
-
-    claim: float = 30.0  # WebSocket connect → claim frame
-    first_action: float = 300.0  # first observation → first action (model warm-up)
-    step: float = 30.0  # observation → next action
-    wait_slot: float = 600.0  # reset() waiting for a free slot or the next wave
-
-
-class _SlotFailed(Exception):
-    """Raised into a slot's waiter when its episode fails (the message goes to the agent)."""
+def close_code(failure: SlotFailure) -> int:
+    """The WebSocket close code after ``failure``'s error frame: 1011 for a sim fault, else 1008."""
+    return 1011 if isinstance(failure, SimFailed) else 1008
 
 
 class BridgeServer:
@@ -63,34 +57,21 @@ class BridgeServer:
         self._submit = submit
         self.secret = secret
         self.host = host
-        self.timeouts = timeouts or Timeouts()
-        if hold not in ("zeros", "repeat"):
-            raise ValueError(f"hold must be 'zeros' or 'repeat', got {hold!r}")
-        self.hold = hold
-        self.build_args = dict(build_args or {})
         self.target = target
         self.contract = sim.contract()
         self.contract_dict = self.contract.to_dict()
-        self.registry = SlotRegistry(sim.width)
-        self.broken: str | None = None
+        self.engine = BridgeEngine(sim.width, self.contract, sim.hold_action(), hold=hold,
+                                   wave=not sim.supports_slot_reset, timeouts=timeouts,
+                                   build_args=build_args)
         self.started = time.monotonic()
-        self.ticks = 0
-        self.slot_steps = 0
-        self.episodes = 0
-        self._wave_mode = not sim.supports_slot_reset
         self._wave_gather_s = wave_gather_s
         self._sim_lock = asyncio.Lock()
         self._slot_changed = asyncio.Condition()
         self._waiters: dict[int, asyncio.Future] = {}
         self._sockets: dict[int, ServerConnection] = {}
-        self._first_obs: dict[int, dict[str, np.ndarray]] = {}
         self._tick_task: asyncio.Task | None = None
         self._ticking = False
         self._wave_task: asyncio.Task | None = None
-        hold_action = np.asarray(sim.hold_action())
-        self._hold_action = hold_action
-        self._action_batch_shape = (sim.width,) + hold_action.shape
-        self._action_dtype = hold_action.dtype
         self.rpc = RpcServer(
             {
                 "contract": self._rpc_contract,
@@ -131,12 +112,12 @@ class BridgeServer:
     def _hello_info(self) -> dict[str, Any]:
         return {
             "protocol": PROTOCOL,
-            "width": self.registry.width,
+            "width": self.engine.width,
             "ws": self.ws_port,
             "pid": os.getpid(),
             "target": self.target,
-            "build": self.build_args,
-            "wave": self._wave_mode,
+            "build": self.engine.build_args,
+            "wave": self.engine.wave,
         }
 
     # --------------------------------------------------------------- control
@@ -144,63 +125,47 @@ class BridgeServer:
         return self.contract_dict
 
     async def _rpc_stats(self, conn: Any) -> dict[str, Any]:
+        engine = self.engine
         return {
-            "width": self.registry.width,
+            "width": engine.width,
             "pid": os.getpid(),
             "target": self.target,
-            "build": self.build_args,
-            "broken": self.broken,
-            "ticks": self.ticks,
-            "env_steps": self.ticks * self.registry.width,
-            "slot_steps": self.slot_steps,
-            "episodes": self.episodes,
+            "build": engine.build_args,
+            "broken": engine.broken,
+            "ticks": engine.ticks,
+            "env_steps": engine.ticks * engine.width,
+            "slot_steps": engine.slot_steps,
+            "episodes": engine.episodes,
             "uptime_s": time.monotonic() - self.started,
-            "slots": self.registry.snapshot(),
-            "wave": self._wave_mode,
+            "slots": engine.snapshot(),
+            "wave": engine.wave,
         }
 
-    def _check_task(self, task: dict[str, Any]) -> None:
-        build = task.pop("build", None) or {}
-        if not isinstance(build, dict):
-            raise RpcError("build must be an object of env-defining arguments")
-        if json.dumps(build, sort_keys=True) != json.dumps(self.build_args, sort_keys=True):
-            raise RpcError(
-                f"this bridge was built with {self.build_args!r} but the claim asks for {build!r}; "
-                "env-defining arguments must match across a bridge's slots, so claim on another "
-                "bridge (the pytest plugin's pool routes such claims for you)"
-            )
-        seed = task.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise RpcError(f"seed must be a non-negative integer or null, got {seed!r}")
-        options = task.get("options")
-        if options is not None and not isinstance(options, dict):
-            raise RpcError(f"options must be an object or null, got {type(options).__name__}")
-        prompt = task.get("prompt")
-        if prompt is not None and not isinstance(prompt, str):
-            raise RpcError(f"prompt must be a string or null, got {type(prompt).__name__}")
-
     async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
-        self._check_task(task)
-        deadline = time.monotonic() + self.timeouts.wait_slot
+        engine = self.engine
+        try:
+            task = engine.check_task(task)
+        except TaskError as exc:
+            raise RpcError(str(exc)) from None
+        deadline = time.monotonic() + engine.timeouts.wait_slot
         async with self._slot_changed:
             while True:
-                if self.broken:
-                    raise RpcError(f"bridge is broken: {self.broken.splitlines()[-1]}; the pool will replace it")
-                busy = any(s.state in (SlotState.LIVE, SlotState.DONE) for s in self.registry.slots)
-                if self.registry.free_slots() and not (self._wave_mode and busy):
+                if engine.broken:
+                    raise RpcError(f"bridge is broken: {engine.broken_reason}; the pool will replace it")
+                if engine.can_claim():
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise RpcError(
-                        f"no slot of {self.registry.width} became free within "
-                        f"{self.timeouts.wait_slot:.0f} s; raise --hud-width or release tokens"
+                        f"no slot of {engine.width} became free within "
+                        f"{engine.timeouts.wait_slot:.0f} s; raise --hud-width or release tokens"
                     )
                 try:
                     await asyncio.wait_for(self._slot_changed.wait(), remaining)
                 except asyncio.TimeoutError:
                     continue
-            slot = self.registry.claim(conn.id, task)
-        if self._wave_mode:
+            slot = engine.claim(conn.id, task)
+        if engine.wave:
             await self._join_wave(slot)
         return {"token": slot.token, "slot": slot.index, "prompt": slot.prompt}
 
@@ -209,50 +174,40 @@ class BridgeServer:
         if self._wave_task is None or self._wave_task.done():
             self._wave_task = asyncio.ensure_future(self._run_wave())
         await asyncio.shield(self._wave_task)
-        if slot.index not in self._first_obs:
+        if slot.first_obs is None:
             raise RpcError(f"slot {slot.index} missed its wave reset: {slot.error}")
 
     async def _run_wave(self) -> None:
         await asyncio.sleep(self._wave_gather_s)
         async with self._sim_lock:
-            claimed = [s for s in self.registry.slots if s.state is SlotState.CLAIMED]
-            if not claimed:
+            plan = self.engine.plan_wave()
+            if plan is None:
                 return
-            await self._reset_slots(claimed)
+            try:
+                await self._reset(plan)
+            except SimFailed as failure:
+                raise RpcError(str(failure)) from None
 
-    async def _reset_slots(self, slots: list[Slot]) -> None:
-        idx = [s.index for s in slots]
+    async def _reset(self, plan: ResetPlan) -> None:
+        """Run ``plan`` on the main thread; a sim exception breaks the bridge (raises :class:`SimFailed`)."""
         try:
             flags, rows = await self._sim_call(
-                _reset_and_observe, self.sim, idx, [s.seed for s in slots], [s.options for s in slots]
+                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options
             )
         except Exception:
-            self._mark_broken(traceback.format_exc())
-            raise RpcError(f"sim raised during reset: {self.broken.splitlines()[-1]}") from None
-        for pos, (s, flag) in enumerate(zip(slots, flags)):
-            s.success_at_reset = bool(flag)
-            s.needs_park_reset = False
-            self._first_obs[s.index] = {k: v[pos] for k, v in rows.items()}
-        if self._wave_mode:
-            for s in self.registry.slots:
-                s.needs_park_reset = False
+            raise self.engine.reset_failed(plan, traceback.format_exc()) from None
+        self.engine.apply_reset(plan, flags, rows)
 
     def _owned(self, conn: Any, token: Any) -> Slot:
         try:
-            slot = self.registry.by_token(token)
+            return self.engine.owned(conn.id, token)
         except SlotError as exc:
             raise RpcError(str(exc)) from None
-        if slot.owner != conn.id:
-            raise RpcError("this token was minted on another connection; only its owner may use it")
-        return slot
 
     async def _rpc_result(self, conn: Any, token: Any) -> dict[str, Any]:
         slot = self._owned(conn, token)
-        result = slot.result()
-        result["prompt"] = slot.prompt
-        result["task"] = {k: v for k, v in slot.task.items() if k != "options"}
+        result = self.engine.grade(slot)
         await self._free(slot, "episode graded")
-        self.episodes += 1
         return result
 
     async def _rpc_release(self, conn: Any, token: Any) -> dict[str, Any]:
@@ -261,241 +216,145 @@ class BridgeServer:
         return {"released": True, "slot": slot.index}
 
     async def _on_control_close(self, conn: Any) -> None:
-        for slot in [s for s in self.registry.slots if s.owner == conn.id and s.state is not SlotState.FREE]:
+        for slot in self.engine.owned_by(conn.id):
             await self._free(slot, "the control connection that claimed this slot closed")
 
     async def _free(self, slot: Slot, why: str) -> None:
-        was_live = slot.state is SlotState.LIVE
         ws = self._sockets.pop(slot.index, None)
         waiter = self._waiters.pop(slot.index, None)
+        failure = self.engine.release(slot, why)
         if waiter is not None and not waiter.done():
-            waiter.set_exception(_SlotFailed(f"slot {slot.index} released: {why}"))
-        self._first_obs.pop(slot.index, None)
-        self.registry.release(slot)
+            waiter.set_exception(failure)
         if ws is not None:
             asyncio.ensure_future(ws.close(1000, _close_reason(why)))
         async with self._slot_changed:
             self._slot_changed.notify_all()
-        if was_live:
-            self._maybe_tick()
+        self._maybe_tick()  # a released slot may have been the one the tick waited for
 
     # ------------------------------------------------------------- websocket
     async def _serve_ws(self, ws: ServerConnection) -> None:
         slot: Slot | None = None
+        handshake: Handshake | None = None
         try:
-            await ws.send(packb({"claim_required": True, "width": self.registry.width,
+            await ws.send(packb({"claim_required": True, "width": self.engine.width,
                                  "contract": self.contract_dict}))
-            try:
-                async with asyncio.timeout(self.timeouts.claim):
-                    raw = await ws.recv()
-            except TimeoutError:
-                await _fail(ws, f"no claim frame within {self.timeouts.claim:.0f} s; send {{'claim': TOKEN}}")
+            handshake = self.engine.open(time.monotonic())
+            raw = await self._next_frame(ws, handshake)
+            if raw is _LATE:
+                await _fail(ws, handshake.failure)
                 return
-            slot = await self._bind(ws, raw)
-            if slot is None:
-                return
-            await self._drive(ws, slot)
+            slot = await self._bind(ws, handshake, raw)
+            if slot is not None:
+                await self._drive(ws, slot)
         except ConnectionClosed:
             pass
         finally:
+            if handshake is not None:
+                self.engine.hang_up(handshake)
             if slot is not None and self._sockets.get(slot.index) is ws:
                 self._sockets.pop(slot.index, None)
-                if slot.state is SlotState.LIVE:
-                    # A clean close is an agent that stopped (max_steps, should_stop); anything
-                    # else (a killed worker, a dropped socket) is an error.
-                    rcvd = ws.protocol.close_rcvd
-                    clean = rcvd is not None and rcvd.code in (1000, 1001)
-                    self._end_slot(slot, error=None if clean else
-                                   f"slot {slot.index}: agent disconnected mid-episode")
-                    self._maybe_tick()
+                rcvd = ws.protocol.close_rcvd
+                self.engine.disconnect(slot, clean=rcvd is not None and rcvd.code in (1000, 1001))
+                self._maybe_tick()
 
-    async def _bind(self, ws: ServerConnection, raw: Any) -> Slot | None:
-        if isinstance(raw, str):
-            await _fail(ws, "the claim frame must be binary msgpack {'claim': TOKEN}")
-            return None
+    async def _next_frame(self, ws: ServerConnection, waiting: Slot | Handshake) -> Any:
+        """The agent's next frame, or ``_LATE`` once the engine has failed ``waiting`` for lateness."""
+        while waiting.deadline is not None:
+            try:
+                async with asyncio.timeout(waiting.deadline - time.monotonic()):
+                    return await ws.recv()
+            except TimeoutError:
+                if self.engine.expire(time.monotonic()):
+                    self._maybe_tick()  # a failed slot no longer holds its peers' tick back
+        return _LATE
+
+    async def _bind(self, ws: ServerConnection, handshake: Handshake, raw: Any) -> Slot | None:
         try:
-            msg = unpackb(raw)
-            if not isinstance(msg, dict) or "claim" not in msg:
-                raise WireError("the first frame must be {'claim': TOKEN}")
-            slot = self.registry.resolve_claim(msg["claim"])
-        except (WireError, SlotError) as exc:
-            await _fail(ws, str(exc))
+            if isinstance(raw, str):
+                raise BadClaim("the claim frame must be binary msgpack {'claim': TOKEN}")
+            try:
+                claim = unpackb(raw)
+            except WireError as exc:
+                raise BadClaim(str(exc)) from None
+            slot = self.engine.bind(handshake, claim)
+        except SlotFailure as failure:
+            await _fail(ws, failure)
             return None
-        if self.broken:
-            await _fail(ws, f"bridge is broken: {self.broken.splitlines()[-1]}")
-            return None
-        slot.connected = True
         self._sockets[slot.index] = ws
-        if not self._wave_mode:
-            async with self._sim_lock:
-                try:
-                    await self._reset_slots([slot])
-                except RpcError as exc:
-                    self._end_slot(slot, error=exc.message)
-                    await _fail(ws, exc.message)
-                    return None
-        obs = self._first_obs.pop(slot.index, None)
-        if obs is None:
-            await _fail(ws, f"slot {slot.index} has no first observation (its reset failed)")
+        try:
+            if not self.engine.wave:  # per-slot reset, with the claim's seed, now that its agent is here
+                async with self._sim_lock:
+                    await self._reset(self.engine.plan_reset([slot]))
+            frame = self.engine.start(slot, time.monotonic())
+        except (SimFailed, NoFirstObservation) as failure:
+            await _fail(ws, failure)
             return None
-        slot.state = SlotState.LIVE
-        await ws.send(self._frame(obs, reward=0.0, done=False, truncated=False, success=False))
+        await ws.send(packb(frame))
         return slot
 
     async def _drive(self, ws: ServerConnection, slot: Slot) -> None:
         loop = asyncio.get_running_loop()
-        timeout = self.timeouts.first_action
-        what = "first action"
+        token = slot.token
         while slot.state is SlotState.LIVE:
-            try:
-                async with asyncio.timeout(timeout):
-                    raw = await ws.recv()
-            except TimeoutError:
-                message = (
-                    f"slot {slot.index} sent no {what} within {timeout:g} s "
-                    f"({'--hud-first-action-timeout' if what == 'first action' else '--hud-step-timeout'}); "
-                    "its peers continue"
-                )
-                self._end_slot(slot, error=message)
-                self._maybe_tick()
-                await _fail(ws, message)
-                return
-            if slot.state is not SlotState.LIVE:
+            raw = await self._next_frame(ws, slot)
+            if raw is _LATE or slot.state is not SlotState.LIVE:
                 break
             try:
-                action = self._parse_action(raw)
-            except (WireError, ContractError) as exc:
-                message = f"slot {slot.index}: {exc}"
-                self._end_slot(slot, error=message)
+                if isinstance(raw, str):
+                    raise WireError("action frames must be binary msgpack, not text")
+                self.engine.submit_action(slot, unpackb(raw))
+            except (WireError, BadAction) as exc:
+                failure = exc if isinstance(exc, BadAction) else self.engine.refuse_action(slot, str(exc))
                 self._maybe_tick()
-                await _fail(ws, message)
+                await _fail(ws, failure)
                 return
             waiter = loop.create_future()
             self._waiters[slot.index] = waiter
-            slot.pending_action = action
-            if not self._ticking and self.registry.ready_to_step():
+            if not self._ticking and self.engine.ready_to_step():
                 await self._tick()  # the last slot to act runs the tick itself: no extra task
             try:
                 frame = await waiter
-            except _SlotFailed as exc:
-                await _fail(ws, str(exc))
+            except SlotFailure as failure:
+                await _fail(ws, failure)
                 return
             await ws.send(frame)
-            timeout, what = self.timeouts.step, "action"
-        # Episode over: stay connected until the agent hangs up or the slot is released.
-        async for raw in ws:
-            await _fail(ws, f"slot {slot.index}: the episode is over; call result(token)")
+        if slot.failure is not None and slot.token == token:
+            # timed out: its own clock or a peer's expire() call noticed first
+            await _fail(ws, slot.failure)
             return
-
-    def _parse_action(self, raw: Any) -> np.ndarray:
-        if isinstance(raw, str):
-            raise WireError("action frames must be binary msgpack, not text")
-        msg = unpackb(raw)
-        if not isinstance(msg, dict) or "actions" not in msg:
-            raise WireError(f"an action frame is {{'actions': array}}, got {_describe(msg)}")
-        try:
-            return self.contract.coerce_action(msg["actions"])
-        except ContractError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - numpy refuses some values (ragged lists): the agent's error
-            raise WireError(f"the action is not an array of numbers ({type(exc).__name__}: {exc})") from None
-
-    def _end_slot(self, slot: Slot, error: str | None = None) -> None:
-        if slot.state is SlotState.LIVE or slot.state is SlotState.CLAIMED:
-            slot.state = SlotState.DONE
-        if error and not slot.error:
-            slot.error = error
-        slot.pending_action = None
+        # Episode over: stay connected until the agent hangs up or the slot is released.
+        async for _ in ws:
+            await _fail(ws, self.engine.late_frame(slot))
+            return
 
     # ------------------------------------------------------------------ tick
     def _maybe_tick(self) -> None:
-        if not self._ticking and self.registry.ready_to_step():
+        if not self._ticking and self.engine.ready_to_step():
             self._tick_task = asyncio.ensure_future(self._tick())
 
     async def _tick(self) -> None:
         self._ticking = True
         try:
             async with self._sim_lock:
-                if not self.registry.ready_to_step() or self.broken:
+                plan = self.engine.plan_tick()
+                if plan is None:
                     return
-                if self._wave_mode and any(
-                    s.state is SlotState.CLAIMED for s in self.registry.slots
-                ):
-                    return  # a reset slot whose agent has not dialed yet must not be stepped
-                await self._step_once()
+                try:
+                    batch, obs = await self._sim_call(_park_step_observe, self.sim, plan.park, plan.actions)
+                except Exception:
+                    for i, failure in self.engine.step_failed(plan, traceback.format_exc()):
+                        waiter = self._waiters.pop(i, None)
+                        if waiter is not None and not waiter.done():
+                            waiter.set_exception(failure)
+                    return
+                # packed under the lock: ``obs`` may be the sim's own buffers, which its next call reuses
+                for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic()):
+                    waiter = self._waiters.pop(i, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(packb(frame))
         finally:
             self._ticking = False
         self._maybe_tick()
-
-    async def _step_once(self) -> None:
-        slots = self.registry.slots
-        park = [s.index for s in slots if s.needs_park_reset and s.state is not SlotState.LIVE]
-        actions = np.empty(self._action_batch_shape, self._action_dtype)
-        acting: list[Slot] = []
-        for s in slots:
-            if s.state is SlotState.LIVE and s.pending_action is not None:
-                actions[s.index] = s.pending_action
-                acting.append(s)
-            elif self.hold == "repeat" and s.last_action is not None:
-                actions[s.index] = s.last_action
-            else:
-                actions[s.index] = self._hold_action
-        try:
-            batch, obs = await self._sim_call(_park_step_observe, self.sim, park, actions)
-        except Exception:
-            self._mark_broken(traceback.format_exc())
-            # the exception's own line first: it is what a summary line or a report shows
-            why = f"sim raised during step: {self.broken.splitlines()[-1]}\n{self.broken}"
-            for s in acting:
-                self._end_slot(s, error=why)
-                waiter = self._waiters.pop(s.index, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_exception(_SlotFailed(f"slot {s.index}: {why}"))
-            return
-        for i in park:
-            slots[i].needs_park_reset = False
-        self.ticks += 1
-        self.slot_steps += len(acting)
-        ended = batch.terminated | batch.truncated
-        for s in slots:
-            if ended[s.index]:
-                s.needs_park_reset = True
-        for s in acting:
-            i = s.index
-            s.steps += 1
-            s.total_reward += float(batch.rewards[i])
-            if batch.success[i]:
-                s.success = True
-            if batch.score is not None and not np.isnan(batch.score[i]):
-                s.score = float(batch.score[i])
-            s.last_action, s.pending_action = s.pending_action, None
-            done = bool(ended[i])
-            if done:
-                s.terminated, s.truncated = bool(batch.terminated[i]), bool(batch.truncated[i])
-                s.state = SlotState.DONE
-            frame = self._frame(
-                {k: v[i] for k, v in obs.items()},
-                reward=float(batch.rewards[i]),
-                done=done,
-                truncated=bool(batch.truncated[i]),
-                success=s.success,
-            )
-            waiter = self._waiters.pop(i, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(frame)
-
-    def _frame(self, obs: dict[str, np.ndarray], *, reward: float, done: bool, truncated: bool,
-               success: bool) -> bytes:
-        out: dict[str, Any] = dict(obs)
-        out["reward"] = np.float32(reward)
-        out["terminated"] = done
-        out["truncated"] = truncated
-        out["success"] = success
-        return packb(out)
-
-    def _mark_broken(self, tb: str) -> None:
-        if not self.broken:
-            self.broken = tb.strip()
 
 
 # ----------------------------------------------------------- main-thread work
@@ -515,11 +374,12 @@ def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray):
     return batch, sim.observe()
 
 
-async def _fail(ws: ServerConnection, message: str) -> None:
+async def _fail(ws: ServerConnection, failure: SlotFailure) -> None:
     """Send a readable error as a text frame, then close (DESIGN §4)."""
+    message = str(failure)
     try:
         await ws.send(message)
-        await ws.close(1011 if "sim raised" in message else 1008, _close_reason(message))
+        await ws.close(close_code(failure), _close_reason(message))
     except ConnectionClosed:
         pass
 
@@ -527,10 +387,3 @@ async def _fail(ws: ServerConnection, message: str) -> None:
 def _close_reason(message: str) -> str:
     """The start of ``message`` that fits a close frame: 123 bytes of UTF-8, not 123 characters."""
     return message.encode(errors="replace")[:123].decode(errors="ignore")
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, dict):
-        return f"a map with keys {sorted(map(str, value))[:8]}"
-    return type(value).__name__
-

@@ -13,15 +13,14 @@ when its agent binds, so whatever hold-steps happened before cannot leak into th
 from __future__ import annotations
 
 import enum
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .failures import SlotError, SlotFailure
+from .failures import SlotFailure
 
-__all__ = ["SlotError", "SlotState", "Slot", "SlotRegistry"]
+__all__ = ["SlotState", "Slot"]
 
 
 class SlotState(enum.Enum):
@@ -82,98 +81,3 @@ class Slot:
             "truncated": bool(self.truncated),
             "error": self.error,
         }
-
-
-# The server still uses the registry; it moves to engine.BridgeEngine in the next commit.
-class SlotRegistry:
-    """Tokens, owners and states of ``width`` slots."""
-
-    def __init__(self, width: int) -> None:
-        if width < 1:
-            raise ValueError(f"width must be at least 1, got {width}")
-        self.slots = [Slot(i) for i in range(width)]
-        self._by_token: dict[str, Slot] = {}
-
-    @property
-    def width(self) -> int:
-        return len(self.slots)
-
-    # ---------------------------------------------------------------- claims
-    def free_slots(self) -> list[Slot]:
-        return [s for s in self.slots if s.state is SlotState.FREE]
-
-    def claim(self, owner: int, task: dict[str, Any], index: int | None = None) -> Slot:
-        """Mint a token for a free slot (the lowest free index unless ``index`` is given)."""
-        free = self.free_slots()
-        if index is not None:
-            free = [s for s in free if s.index == index]
-        if not free:
-            raise SlotError("no free slot")
-        slot = free[0]
-        slot.clear_episode()
-        slot.state = SlotState.CLAIMED
-        slot.token = secrets.token_hex(16)  # 128 bits: unguessable, and short on the wire
-        slot.owner = owner
-        slot.task = dict(task)
-        seed = task.get("seed")
-        slot.seed = None if seed is None else int(seed)
-        slot.options = task.get("options")
-        slot.prompt = task.get("prompt")
-        self._by_token[slot.token] = slot
-        return slot
-
-    def by_token(self, token: Any) -> Slot:
-        if not isinstance(token, str):
-            raise SlotError(f"a claim token is a string, got {type(token).__name__}")
-        slot = self._by_token.get(token)
-        if slot is None:
-            raise SlotError(
-                "unknown or released token; claim a slot with reset() on the control channel first"
-            )
-        return slot
-
-    def resolve_claim(self, token: Any) -> Slot:
-        """The slot a WebSocket claim frame binds to (``None`` binds the only claimed slot)."""
-        if token is None:
-            waiting = [s for s in self.slots if s.state is SlotState.CLAIMED and not s.connected]
-            if len(waiting) != 1:
-                raise SlotError(
-                    f"a None claim needs exactly one claimed, undialed slot; there are "
-                    f"{len(waiting)}: send the token that reset() returned"
-                )
-            return waiting[0]
-        slot = self.by_token(token)
-        if slot.connected or slot.state is not SlotState.CLAIMED:
-            raise SlotError(f"token for slot {slot.index} is already in use by another connection")
-        return slot
-
-    def release(self, slot: Slot) -> None:
-        """Free a slot whatever its state (a finished sub-env is parked by the tick loop)."""
-        if slot.token is not None:
-            self._by_token.pop(slot.token, None)
-        slot.token, slot.owner = None, None
-        slot.state = SlotState.FREE
-        slot.connected = False
-        slot.pending_action = None
-
-    def release_owner(self, owner: int) -> list[Slot]:
-        """Free every slot whose token was minted on connection ``owner`` (it closed)."""
-        released = [s for s in self.slots if s.owner == owner and s.state is not SlotState.FREE]
-        for slot in released:
-            self.release(slot)
-        return released
-
-    # ----------------------------------------------------------------- ticks
-    def live(self) -> list[Slot]:
-        return [s for s in self.slots if s.state is SlotState.LIVE]
-
-    def ready_to_step(self) -> bool:
-        """Every live slot has sent its action, and at least one slot is live."""
-        live = self.live()
-        return bool(live) and all(s.pending_action is not None for s in live)
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        return [
-            {"slot": s.index, "state": s.state.value, "steps": s.steps, "connected": s.connected}
-            for s in self.slots
-        ]

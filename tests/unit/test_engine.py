@@ -15,6 +15,7 @@ from pytest_hud.sim.engine import BridgeEngine, ResetPlan, TickPlan, Timeouts
 from pytest_hud.sim.failures import (ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout,
                                      EpisodeOver, NoFirstObservation, SimFailed, SlotError, SlotReleased,
                                      TaskError)
+from pytest_hud.sim.server import close_code
 from pytest_hud.sim.slots import Slot, SlotState
 
 CONTRACT = Contract(
@@ -295,6 +296,16 @@ def test_a_bound_slot_that_missed_its_reset_has_no_first_observation():
     engine.bind(engine.open(0.0), {"claim": None})  # dialed before any wave reset ran
     with pytest.raises(NoFirstObservation, match="slot 0 has no first observation"):
         engine.start(slot, 0.0)
+
+
+def test_only_a_sim_fault_closes_with_1011():
+    assert close_code(SimFailed("sim raised during step: boom")) == 1011
+    # an agent's own error that happens to mention the words is still the agent's
+    assert close_code(BadAction("slot 0: an action frame is {'actions': array}, got a map with "
+                                "keys ['sim raised']")) == 1008
+    for failure in (BadClaim("x"), ClaimTimeout("x"), ActionTimeout("x"), BridgeBroken("x"),
+                    SlotReleased("x"), EpisodeOver("x"), NoFirstObservation("x")):
+        assert close_code(failure) == 1008
 
 
 # -------------------------------------------------------------- timeouts
