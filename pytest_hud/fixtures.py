@@ -31,8 +31,11 @@ EPISODES_KEY = pytest.StashKey[list]()
 class HudSession:
     """A worker's view of the run: pool connection, bridges, policies and settings."""
 
-    def __init__(self, pool_host: str, pool_port: int, secret: str, worker: int, settings: Mapping[str, Any]):
+    def __init__(self, pool_host: str | None, pool_port: int | None, secret: str, worker: int,
+                 settings: Mapping[str, Any], rendezvous: str | None = None):
         self.pool_host, self.pool_port, self.secret = pool_host, pool_port, secret
+        self.rendezvous = rendezvous  # where the controller writes the pool's address when started lazily
+        self.pending_declare: dict[str, Any] | None = None  # sent with the first call to the pool
         self.worker = worker
         self.settings = dict(settings)
         self._pool: RpcClient | None = None
@@ -85,22 +88,45 @@ class HudSession:
             artefacts.update(getattr(recorder, "last_artefacts", None) or {})
         return artefacts
 
+    def _pool_address(self) -> tuple[str, int]:
+        """The pool's address; in a lazily started run, wait for the controller to write it."""
+        if self.pool_port is None:
+            import time
+            from pathlib import Path
+
+            path = Path(self.rendezvous or "") / "pool.json"
+            deadline = time.monotonic() + float(self.settings.get("boot_timeout") or 120)
+            while not path.is_file():
+                if time.monotonic() > deadline:
+                    raise EpisodeError(f"the pytest-hud controller did not start its pool ({path} never appeared)")
+                time.sleep(0.02)
+            data = json.loads(path.read_text())
+            self.pool_host, self.pool_port = data["host"], int(data["port"])
+        return str(self.pool_host), int(self.pool_port)
+
     @property
     def pool(self) -> RpcClient:
         if self._pool is None:
+            self.pool_host, self.pool_port = self._pool_address()
             self._pool = RpcClient(self.pool_host, self.pool_port, self.secret,
                                    timeout=float(self.settings.get("boot_timeout", 120)) + 30, what="pytest-hud pool")
         return self._pool
 
     def pool_call(self, method: str, **params: Any) -> Any:
         with self._lock:
-            try:
+            if self.pending_declare is not None:
+                declare, self.pending_declare = self.pending_declare, None
+                self._call("declare", declare)
+            return self._call(method, params)
+
+    def _call(self, method: str, params: dict[str, Any]) -> Any:
+        try:
+            return self.pool.call(method, **params)
+        except RpcError as exc:
+            if exc.code is None:  # connection trouble: one fresh connection, one retry
+                self._pool = None
                 return self.pool.call(method, **params)
-            except RpcError as exc:
-                if exc.code is None:  # connection trouble: one fresh connection, one retry
-                    self._pool = None
-                    return self.pool.call(method, **params)
-                raise
+            raise
 
     def sim(self, target: str | None, build: Mapping[str, Any] | None = None) -> SharedSim:
         if not target:
@@ -144,10 +170,25 @@ class HudSession:
             self.agents[key] = agent
         return agent
 
-    def record(self, episode: Episode) -> None:
+    def begin(self, episode: Episode) -> None:
+        """Attach ``episode`` to the running test, or refuse it: each test reports one episode.
+
+        Refused with an :class:`EpisodeError` (so the test is an error, never a silently dropped
+        episode): an episode claimed outside a test's call phase (a fixture, a hook), and a second,
+        different episode in the same test.
+        """
         item = self.current_item
-        if item is not None:
-            item.stash.setdefault(EPISODES_KEY, []).append(episode)
+        if item is None:
+            raise EpisodeError(
+                "an episode was claimed outside a test function (in a fixture or a hook?): pytest-hud "
+                "reports each episode as the test that runs it, so claim it in the test function")
+        episodes = item.stash.setdefault(EPISODES_KEY, [])
+        if episodes and all(ep is not episode for ep in episodes):
+            raise EpisodeError(
+                f"{item.nodeid} already ran an episode (seed={episodes[0].seed}): one test is one episode. "
+                "Parametrize the test instead: @pytest.mark.parametrize('seed', range(N))")
+        if not episodes:
+            episodes.append(episode)
 
     def close(self) -> None:
         self.close_recorders()
@@ -223,9 +264,10 @@ class _PluginEpisode(Episode):
 
     def __init__(self, sim: SharedSim, **task: Any) -> None:
         self._sim = sim
-        super().__init__(sim.control, sim.contract, on_finish=sim.session.record, **task)
+        super().__init__(sim.control, sim.contract, **task)
 
     def claim(self) -> Episode:
+        self._sim.session.begin(self)
         try:
             return super().claim()
         except BridgeError as exc:

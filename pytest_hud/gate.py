@@ -34,8 +34,16 @@ Rules, per task (a task is a test function plus its non-episode parameters):
    met. Floors are absolute requirements declared per task, so they are not Holm-adjusted; using
    the two-sided interval makes each one a one-sided test at alpha/2, which keeps them from being
    trigger-happy.
-7. **Combining:** insufficient coverage > regression > inconclusive > pass. A task with neither a
-   baseline nor a floor passes with the reason "no baseline".
+7. **Combining:** insufficient coverage > regression > inconclusive > pass.
+8. **Nothing to compare is never a pass.** A task with graded episodes in this run but none in the
+   baseline (absent there, or only errors or skips) and no floor is *no baseline*; a task whose
+   episodes were all skipped now and that had no graded episode in the baseline either is *skipped*,
+   with the skip reason. Neither fails on its own (suites grow new tasks; optional stacks are skipped
+   where absent), but a gate under which nothing at all was compared while something ran fails
+   (:func:`gate_passed`): a baseline of another suite, or an empty one, must not pass silently.
+9. **Dropping a task fails.** A task graded in the baseline that has no graded episode now
+   (skipped, deselected with ``-k``/``-m``, or no longer collected) is *insufficient coverage*, and
+   the reason says which of those happened.
 
 :func:`gate_passed` fails on regression and insufficient coverage; inconclusive passes unless
 ``strict=True`` (failing CI for lack of episodes on every small suite would teach people to
@@ -48,14 +56,16 @@ import difflib
 import fnmatch
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from . import stats
 
 __all__ = [
+    "COMPARED",
     "PAIRED_MIN_OVERLAP",
+    "VERDICTS",
     "GateConfig",
     "TaskOutcomes",
     "Verdict",
@@ -64,11 +74,12 @@ __all__ = [
     "floor_for",
     "gate_passed",
     "load_gate_file",
+    "nothing_compared",
     "outcomes_from_records",
     "outcomes_from_results",
 ]
 
-VerdictKind = Literal["pass", "regression", "inconclusive", "insufficient coverage"]
+VerdictKind = Literal["pass", "regression", "inconclusive", "insufficient coverage", "no baseline", "skipped"]
 TestName = Literal[
     "paired-mcnemar",
     "paired-noninferiority",
@@ -83,6 +94,10 @@ PAIRED_MIN_OVERLAP = 0.8
 """Pair when the shared episode ids are at least this fraction of each side's finished episodes."""
 
 _FAILING: frozenset[str] = frozenset({"regression", "insufficient coverage"})
+#: Verdicts that come from a comparison (with a baseline or a floor).
+COMPARED: frozenset[str] = frozenset({"pass", "regression", "inconclusive"})
+#: Every verdict, in the order of severity used by the summaries.
+VERDICTS: tuple[str, ...] = ("insufficient coverage", "regression", "inconclusive", "no baseline", "skipped", "pass")
 
 
 @dataclass
@@ -90,12 +105,16 @@ class TaskOutcomes:
     """One task's finished episodes on one side of the comparison.
 
     ``successes`` maps episode id to success for episodes that finished without error; ``errors``
-    counts the errored ones; ``declared`` is how many episodes the task declares (its parameters).
+    counts the errored ones; ``declared`` is how many episodes the task declares (its parameters)
+    less the skipped ones; ``skipped`` counts skipped episodes and ``skip_reason`` is one of their
+    reasons (``skip``/``skipif``, or a sequential decision).
     """
 
     successes: dict[str, bool]
     errors: int = 0
     declared: int = 0
+    skipped: int = 0
+    skip_reason: str | None = None
 
     @property
     def n(self) -> int:
@@ -106,6 +125,11 @@ class TaskOutcomes:
     def n_success(self) -> int:
         """Successful episodes."""
         return sum(1 for ok in self.successes.values() if ok)
+
+    @property
+    def all_skipped(self) -> bool:
+        """Every episode of the task was skipped (none ran)."""
+        return self.skipped > 0 and self.n == 0 and self.errors == 0
 
     @property
     def coverage(self) -> float:
@@ -232,9 +256,25 @@ def _builtin(value: Any) -> Any:
 
 
 def gate_passed(verdicts: Iterable[Verdict], *, strict: bool = False) -> bool:
-    """True unless a task regressed or lacks coverage (or, with ``strict``, is inconclusive)."""
+    """True unless a task regressed or lacks coverage (or, with ``strict``, is inconclusive).
+
+    Also False when episodes were graded (some task is *no baseline*) but not one task was compared:
+    the gate never passes a run it did not compare with anything.
+    """
+    verdicts = list(verdicts)
     failing = _FAILING | ({"inconclusive"} if strict else set())
-    return not any(v.verdict in failing for v in verdicts)
+    if any(v.verdict in failing for v in verdicts):
+        return False
+    return nothing_compared(verdicts) is None
+
+
+def nothing_compared(verdicts: Iterable[Verdict]) -> str | None:
+    """Why the gate compared nothing although episodes were graded (None when something was compared)."""
+    verdicts = list(verdicts)
+    if any(v.verdict in COMPARED for v in verdicts) or not any(v.verdict == "no baseline" for v in verdicts):
+        return None
+    return ("nothing was compared: no task that ran has graded episodes in the baseline or a floor"
+            " (is the baseline from another suite, or empty?)")
 
 
 def floor_for(task: str, floors: Mapping[str, float]) -> float | None:
@@ -364,15 +404,21 @@ def evaluate_gate(
     current: Mapping[str, TaskOutcomes],
     baseline: Mapping[str, TaskOutcomes] | None,
     config: GateConfig | None = None,
+    *,
+    deselected: Collection[str] = (),
 ) -> list[Verdict]:
     """One :class:`Verdict` per task of this run, then one per baseline task that did not run.
 
-    See the module docstring for the rules.
+    ``deselected`` names the tasks this run deselected (``-k``/``-m``), so that a baseline task
+    missing now is reported as deselected rather than as no longer collected. See the module
+    docstring for the rules.
 
         >>> cur = {"t": TaskOutcomes({str(i): i >= 8 for i in range(10)}, declared=10)}
         >>> base = {"t": TaskOutcomes({str(i): True for i in range(10)}, declared=10)}
         >>> evaluate_gate(cur, base)[0].verdict    # 8 worse, 0 better: p = 2**-8
         'regression'
+        >>> evaluate_gate(cur, {})[0].verdict      # nothing to compare with: never a pass
+        'no baseline'
     """
     config = config or GateConfig()
     baseline = baseline or {}
@@ -397,6 +443,10 @@ def evaluate_gate(
             n_baseline=base.n if base is not None else 0,
             baseline_rate=(base.n_success / base.n) if base is not None and base.n else None,
         )
+        if cur.all_skipped:
+            _skipped_now(v, cur, base)
+            verdicts.append(v)
+            continue
         if cur.n:
             v.current_rate = cur.n_success / cur.n
             v.current_interval = stats.wilson_interval(cur.n_success, cur.n, 1.0 - config.alpha)
@@ -422,14 +472,13 @@ def evaluate_gate(
                 if extra is not None:
                     more.append(extra)
                 states.append((state, comp.test, f"{summary}; {why}"))
-        elif base is not None and cur.n:
-            states.append(("pass", "none", "the baseline has no episode that finished without error"))
 
         if floor is not None and cur.n:
             state, extra, why = _floor_check(cur, floor, config.alpha)
             if extra is not None:
                 more.append(extra)
             states.append((state, "floor", why))
+        no_base = None if comp is not None else _no_baseline_reason(base, floor, have_baseline=bool(baseline))
 
         if cur.n == 0 or cur.coverage < config.min_coverage:
             v.verdict, v.test = "insufficient coverage", "coverage"
@@ -440,7 +489,7 @@ def evaluate_gate(
                 + (f"; {detail}" if detail else "")
             )
         elif not states:
-            v.verdict, v.test, v.reason = "pass", "none", "no baseline"
+            v.verdict, v.test, v.reason = "no baseline", "none", str(no_base)
         else:
             for kind in ("regression", "inconclusive", "pass"):
                 hits = [(test, reason) for state, test, reason in states if state == kind]
@@ -449,7 +498,7 @@ def evaluate_gate(
                     v.test = hits[0][0]
                     # Lead with the reasons that decided, then mention the rest.
                     others = [reason for state, _, reason in states if state != kind]
-                    v.reason = "; ".join([reason for _, reason in hits] + others)
+                    v.reason = "; ".join([reason for _, reason in hits] + others + ([no_base] if no_base else []))
                     break
             if v.verdict == "inconclusive" and more:
                 v.more_episodes_needed = max(more)
@@ -458,15 +507,45 @@ def evaluate_gate(
     for task, base in baseline.items():
         if task in current:
             continue
-        verdicts.append(
-            Verdict(
-                task=task, verdict="insufficient coverage", test="coverage", n_baseline=base.n,
-                baseline_rate=(base.n_success / base.n) if base.n else None,
-                floor=floor_for(task, config.floors), coverage=0.0,
-                reason="in the baseline but not run now (renamed, deselected or not collected?)",
-            )
+        v = Verdict(
+            task=task, verdict="insufficient coverage", test="coverage", n_baseline=base.n,
+            baseline_rate=(base.n_success / base.n) if base.n else None,
+            floor=floor_for(task, config.floors), coverage=0.0,
         )
+        why = ("deselected in this run (-k/-m)" if task in deselected
+               else "not collected in this run (renamed, removed, or its module skipped at import?)")
+        if base.n:
+            v.reason = f"graded in the baseline ({base.n} episodes) but not run now: {why}; a suite must not pass by dropping a task"
+        else:
+            v.verdict, v.test, v.coverage = "skipped", "none", None
+            v.reason = f"not run now: {why}, and no graded episode in the baseline" + (
+                f" (skipped there: {base.skip_reason})" if base.skip_reason else "")
+        verdicts.append(v)
     return verdicts
+
+
+def _skipped_now(v: Verdict, cur: TaskOutcomes, base: TaskOutcomes | None) -> None:
+    """The verdict of a task whose every episode was skipped in this run."""
+    reason = cur.skip_reason or "no reason given"
+    v.coverage = None
+    if base is not None and base.n:
+        v.verdict, v.test = "insufficient coverage", "coverage"
+        v.reason = (f"skipped in this run ({reason}) but graded in the baseline ({base.n} episodes):"
+                    " a suite must not pass by dropping a task")
+    else:
+        v.verdict, v.test = "skipped", "none"
+        v.reason = f"skipped ({reason})" + (" in both runs" if base is not None and base.all_skipped else "")
+
+
+def _no_baseline_reason(base: TaskOutcomes | None, floor: float | None, *, have_baseline: bool) -> str:
+    """Why a task that ran was not compared with a baseline."""
+    if not have_baseline:
+        return "no baseline" + ("" if floor is not None else " and no floor for this task")
+    if base is None:
+        return "not in the baseline (a new task?)"
+    if base.all_skipped:
+        return f"no baseline: skipped there ({base.skip_reason or 'no reason given'})"
+    return f"no baseline: none of its {base.errors} baseline episodes finished without error"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -573,18 +652,18 @@ def outcomes_from_records(records: Iterable[Any], declared: Mapping[str, int] | 
     for rec in records:
         latest[(rec.task, str(rec.episode))] = rec
     out: dict[str, TaskOutcomes] = {task: TaskOutcomes({}, 0, int(n)) for task, n in (declared or {}).items()}
-    skipped: dict[str, int] = {}
     for (task, episode), rec in latest.items():
         outcomes = out.setdefault(task, TaskOutcomes({}, 0, 0))
         if rec.outcome == "error":
             outcomes.errors += 1
         elif rec.outcome == "skipped":
-            skipped[task] = skipped.get(task, 0) + 1
+            outcomes.skipped += 1
+            outcomes.skip_reason = outcomes.skip_reason or getattr(rec, "skip_reason", None)
         elif rec.outcome in ("passed", "failed") and rec.success is not None:
             outcomes.successes[episode] = bool(rec.success)
-    for task, outcomes in out.items():
-        outcomes.declared = max(outcomes.declared, outcomes.n + outcomes.errors + skipped.get(task, 0))
-        outcomes.declared -= skipped.get(task, 0)
+    for outcomes in out.values():
+        outcomes.declared = max(outcomes.declared, outcomes.n + outcomes.errors + outcomes.skipped)
+        outcomes.declared -= outcomes.skipped
     return out
 
 

@@ -34,6 +34,7 @@ __all__ = ["HudController", "worker_session"]
 
 CONTROLLER_KEY = pytest.StashKey["HudController"]()
 SESSION_KEY = pytest.StashKey[HudSession]()
+DESELECTED_KEY = pytest.StashKey[list]()
 EPISODE_FIXTURES = frozenset({"shared_sim", "robot_agent"})
 
 # name: (type, default, help)
@@ -110,7 +111,8 @@ def _num_workers(config: pytest.Config) -> int:
     return 1
 
 
-def _validate(config: pytest.Config, settings: dict[str, Any]) -> None:
+def _validate(config: pytest.Config, settings: dict[str, Any]) -> RunInputs:
+    """Check every setting and load every input file; raises ``pytest.UsageError``. No side effects."""
     from .sim.target import TargetError, describe_target
 
     if settings["width"] is not None and settings["width"] < 1:
@@ -156,22 +158,65 @@ def _validate(config: pytest.Config, settings: dict[str, Any]) -> None:
             policy_kind(settings["policy"])
         except PolicyError as exc:
             raise pytest.UsageError(f"--hud-policy: {exc}") from None
-    for key in ("baseline", "resume"):
-        if settings[key]:
-            from .results import load_results
-
-            try:
-                load_results(settings[key])
-            except ValueError as exc:
-                raise pytest.UsageError(f"--hud-{key}: {exc}") from None
     if settings["sim_url"] and not Path(settings["sim_url"]).is_file():
         raise pytest.UsageError(
             f"--hud-sim-url {settings['sim_url']!r}: no such announce file; start a bridge with "
             "`python -m pytest_hud.sim TARGET --width N --announce PATH` and pass that PATH"
         )
+    _resolve_artefact_dirs(config, settings)
+    return _load_inputs(config, settings)
+
+
+def _resolve_artefact_dirs(config: pytest.Config, settings: dict[str, Any]) -> dict[str, Any]:
+    """Absolute paths for workers (they may run elsewhere in the tree): videos go beside the report."""
+    here = config.invocation_params.dir
+    s = settings
+    if s["video"] != "none" and not s["video_dir"]:
+        anchor = (getattr(config.option, "htmlpath", None) or s["html"] or s["results"])
+        base = (here / anchor).parent if anchor else here
+        s["video_dir"] = str(base / "hud-videos")
+    for key in ("video_dir", "trace_dir", "html"):
+        if s[key]:
+            s[key] = str((here / s[key]).resolve())
+    return s
+
+
+class RunInputs:
+    """Everything a run reads before it writes: the gate's settings, the baseline, resumable episodes.
+
+    Loaded completely during validation, so a results file that is also the baseline (or the resume
+    file) is read before the run truncates or appends to it, and a bad input fails before any file,
+    thread, port or temporary directory exists.
+    """
+
+    def __init__(self, gate_config: Any, baseline: Any, resumable: dict[tuple[str, str], EpisodeRecord]) -> None:
+        self.gate_config = gate_config
+        self.baseline = baseline
+        self.resumable = resumable
+
+
+def _load_inputs(config: pytest.Config, settings: dict[str, Any]) -> RunInputs:
+    from .results import load_results
+
+    loaded = {}
+    for key in ("baseline", "resume"):
+        if settings[key]:
+            try:
+                loaded[key] = load_results(settings[key])
+            except ValueError as exc:
+                raise pytest.UsageError(f"--hud-{key}: {exc}") from None
+    resumable = {}
+    if "resume" in loaded:  # finished episodes (passed or failed; errors run again) by (task, episode)
+        resumable = {(r.task, str(r.episode)): r for r in loaded["resume"].latest_episodes()
+                     if r.outcome in ("passed", "failed")}
+    return RunInputs(_gate_config(config, settings), loaded.get("baseline"), resumable)
 
 
 # ------------------------------------------------------------- lifecycle
+# The plugin stays out of runs that don't use it (as junitxml does without --junitxml): the
+# controller, its pool service, its threads and every runtest hook exist only once the run uses
+# pytest-hud, that is when a hud option or ini key is set (decided here), or else when a collected
+# test uses ``shared_sim``/``robot_agent`` or the ``hud`` marker (decided after collection).
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -181,26 +226,61 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if hasattr(config, "workerinput"):
         hud = config.workerinput.get("hud")
-        if hud:
-            worker = int(str(config.workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
-            config.stash[SESSION_KEY] = HudSession(hud["pool_host"], hud["pool_port"], hud["secret"],
-                                                   worker, hud["settings"])
+        if hud and hud.get("pool_port"):
+            _start_worker(config, hud)
+        elif hud:
+            config.pluginmanager.register(LazyWorker(config, hud), "hud-lazy")
         return
     settings = _settings(config)
-    _validate(config, settings)
-    controller = HudController(config, settings)
+    inputs = _validate(config, settings)
+    if _explicitly_used(config):
+        _activate(config, settings, inputs)
+    elif _distributed(config):
+        config.pluginmanager.register(LazyXdist(config, settings, inputs), "hud-lazy")
+    else:
+        config.pluginmanager.register(LazyLocal(config, settings, inputs), "hud-lazy")
+
+
+def _explicitly_used(config: pytest.Config) -> bool:
+    """A hud option on the command line or a hud ini key in the config file."""
+    for name in OPTIONS:
+        if config.getoption(f"hud_{name}", None) is not None:
+            return True
+        if config.getini(f"hud_{name}") not in (None, "", []):
+            return True
+    return False
+
+
+def _uses_hud(items: list[pytest.Item]) -> bool:
+    return any(is_episode_item(item) or item.get_closest_marker("hud") is not None for item in items)
+
+
+def _activate(config: pytest.Config, settings: dict[str, Any], inputs: RunInputs,
+              xdist_hooks: bool = True, secret: str | None = None) -> HudController:
+    """Create the controller (and, without xdist, this process's worker session); register hooks."""
+    controller = HudController(config, settings, inputs, secret=secret)
     config.stash[CONTROLLER_KEY] = controller
     config.pluginmanager.register(controller, "hud-controller")
     config.pluginmanager.register(JunitErrors(config), "hud-junit-errors")
-    if config.pluginmanager.hasplugin("xdist"):
+    if xdist_hooks and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(controller), "hud-xdist")
     if config.pluginmanager.hasplugin("html") and getattr(config.option, "htmlpath", None):
         from .report.pytest_html import HtmlReportHooks
 
         config.pluginmanager.register(HtmlReportHooks(config, controller.html_summary), "hud-html")
     if not _distributed(config):
-        config.stash[SESSION_KEY] = HudSession(controller.service_host, controller.service.port,
-                                               controller.secret, 0, controller.worker_settings())
+        _start_worker(config, controller.workerinput(), worker=0)
+    return controller
+
+
+def _start_worker(config: pytest.Config, hud: dict[str, Any], worker: int | None = None) -> HudSession:
+    if worker is None:
+        worker = int(str(config.workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
+    session = HudSession(hud.get("pool_host"), hud.get("pool_port"), hud["secret"], worker, hud["settings"],
+                         rendezvous=hud.get("rendezvous"))
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(WorkerHooks(config, session), "hud-worker")
+    return session
 
 
 def _distributed(config: pytest.Config) -> bool:
@@ -217,11 +297,116 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         controller.stop()
         config.pluginmanager.unregister(controller)
         del config.stash[CONTROLLER_KEY]
+    lazy = config.pluginmanager.get_plugin("hud-lazy")
+    if isinstance(lazy, LazyXdist):
+        lazy.close()
 
 
 def worker_session(config: pytest.Config) -> HudSession | None:
-    """The :class:`HudSession` of this process (None on an xdist controller)."""
+    """The :class:`HudSession` of this process (None on an xdist controller or when inactive)."""
     return config.stash.get(SESSION_KEY, None)
+
+
+def _note_deselected(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash.setdefault(DESELECTED_KEY, []).extend(i for i in items if is_episode_item(i))
+
+
+class LazyLocal:
+    """Without xdist and without hud settings: activate after collection if a test uses pytest-hud."""
+
+    def __init__(self, config: pytest.Config, settings: dict[str, Any], inputs: RunInputs) -> None:
+        self.config, self.settings, self.inputs = config, settings, inputs
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        _note_deselected(self.config, items)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if _uses_hud(session.items) and self.config.stash.get(CONTROLLER_KEY, None) is None:
+            _activate(self.config, self.settings, self.inputs)
+            declare_episodes(session, worker_session(self.config))
+
+
+class LazyXdist:
+    """On an xdist controller without hud settings: start the controller when a worker asks.
+
+    Workers get a rendezvous path instead of the pool's address. A worker that collects a test
+    using pytest-hud leaves a ``want`` file there before xdist reports its collection; on that
+    report the controller starts and writes the pool's address there (0600, atomically). Until
+    then nothing exists: no directory, no thread, no port.
+    """
+
+    def __init__(self, config: pytest.Config, settings: dict[str, Any], inputs: RunInputs) -> None:
+        import tempfile
+
+        self.config, self.settings, self.inputs = config, settings, inputs
+        self.secret = secrets.token_hex(16)
+        self.rendezvous = Path(tempfile.gettempdir()) / f"pytest-hud-rendezvous-{secrets.token_hex(8)}"
+        self.controller: HudController | None = None
+
+    def pytest_configure_node(self, node: Any) -> None:
+        if self.controller is not None:  # a replacement worker after activation
+            node.workerinput["hud"] = self.controller.workerinput()
+        else:
+            node.workerinput["hud"] = {"secret": self.secret, "rendezvous": str(self.rendezvous),
+                                       "settings": worker_settings(self.config, self.settings)}
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if self.controller is not None or not _trusted_dir(self.rendezvous):
+            return
+        if not any(p.name.startswith("want-") for p in self.rendezvous.iterdir()):
+            return
+        self.controller = _activate(self.config, self.settings, self.inputs, xdist_hooks=False,
+                                    secret=self.secret)
+        tmp = self.rendezvous / "pool.json.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"host": self.controller.service_host, "port": self.controller.service.port}, fh)
+        os.replace(tmp, self.rendezvous / "pool.json")
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.rendezvous, ignore_errors=True)
+
+
+class LazyWorker:
+    """On an xdist worker of a lazily activated run: ask the controller for pytest-hud if needed."""
+
+    def __init__(self, config: pytest.Config, hud: dict[str, Any]) -> None:
+        self.config, self.hud = config, hud
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        _note_deselected(self.config, items)
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist tells the controller that collection finished
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not _uses_hud(session.items):
+            return
+        rendezvous = Path(self.hud["rendezvous"])
+        rendezvous.mkdir(mode=0o700, exist_ok=True)
+        worker = str(self.config.workerinput.get("workerid", "gw0"))
+        (rendezvous / f"want-{worker}").touch(0o600)
+        hud = _start_worker(self.config, self.hud)
+        # The pool's address appears once the controller has seen this collection: declare later,
+        # with the first call to the pool (declaring now would wait for an answer not yet possible).
+        hud.pending_declare = declaration(session, hud)
+
+
+def _trusted_dir(path: Path) -> bool:
+    """An existing directory of ours that nobody else can write to."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return path.is_dir() and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def worker_settings(config: pytest.Config, settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings every worker gets (builtin types: they cross the xdist channel)."""
+    workers = _num_workers(config)
+    return dict(settings, width=settings["width"] or workers,
+                distributed=_distributed(config))
 
 
 # ---------------------------------------------------------- worker side
@@ -251,11 +436,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Declare this run's episodes (after -k/-m deselection) so coverage has a true denominator."""
-    hud = worker_session(session.config)
-    if hud is None:
-        return
+def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | None:
+    """This run's episodes (after -k/-m deselection) and the deselected tasks, for the controller."""
+    if session.config.option.collectonly:
+        return None  # nothing will run: declare nothing, so nothing is written
     declared = []
     for item in session.items:
         if is_episode_item(item):
@@ -264,8 +448,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             if floor is not None:
                 ident["min_success"] = float(floor)
             declared.append(ident)
-    if declared:
-        hud.pool_call("declare", episodes=declared, worker=hud.worker)
+    deselected = sorted({episode_identity(i)["task"] for i in session.config.stash.get(DESELECTED_KEY, [])})
+    if not declared and not deselected:
+        return None
+    return {"episodes": declared, "worker": hud.worker, "deselected": deselected}
+
+
+def declare_episodes(session: pytest.Session, hud: HudSession | None) -> None:
+    """Declare this run's episodes so coverage has a true denominator."""
+    if hud is None:
+        return
+    data = declaration(session, hud)
+    if data is not None:
+        hud.pool_call("declare", **data)
 
 
 def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
@@ -285,20 +480,82 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
             "max_steps": marks.get("max_steps", hud.settings.get("max_steps"))}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-    hud = worker_session(item.config)
-    if hud is None:
+class WorkerHooks:
+    """The runtest hooks of a process that runs episodes (an xdist worker, or the only process)."""
+
+    def __init__(self, config: pytest.Config, hud: HudSession) -> None:
+        self.config, self.hud = config, hud
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        _note_deselected(self.config, items)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        declare_episodes(session, self.hud)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        hud = self.hud
+        if is_episode_item(item) and hud.settings.get("resume"):
+            ident = episode_identity(item)
+            record = hud.pool_call("resume_lookup", task=ident["task"], episode=ident["episode"],
+                                   identity=run_identity(item, hud))
+            if record:
+                _replay(item, record)
+                return True  # reported from the earlier run: pytest's own protocol does not run it
         return None
-    if is_episode_item(item) and hud.settings.get("resume"):
-        ident = episode_identity(item)
-        record = hud.pool_call("resume_lookup", task=ident["task"], episode=ident["episode"],
-                               identity=run_identity(item, hud))
-        if record:
-            _replay(item, record)
-            return True  # reported from the earlier run: pytest's own protocol does not run it
-    hud.current_item = item  # episodes run by this test report themselves to it
-    return None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """On workers: finish videos and dataset parts before xdist tells the controller we are done."""
+        if hasattr(session.config, "workerinput"):
+            self.hud.close_recorders()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        # Episodes belong to the test whose call phase runs them; outside it they are refused.
+        if is_episode_item(item):
+            ident = episode_identity(item)
+            self.hud.label_recorders(ident["task"], ident["episode"])
+        self.hud.current_item = item
+        try:
+            return (yield)
+        finally:
+            self.hud.current_item = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        hud = self.hud
+        if not hud.settings.get("sequential") or not is_episode_item(item):
+            return
+        task = episode_identity(item)["task"]
+        decision = hud.pool_call("sequential", task=task)
+        if decision and decision != "undecided":
+            pytest.skip(f"sequential gate already decided {task}: {decision}")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        # Users may record numpy scalars: make every property crossable by the xdist channel.
+        report.user_properties = [(str(k), to_builtin(v)) for k, v in report.user_properties]
+        hud = self.hud
+        if not is_episode_item(item):
+            return report
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            artefacts = hud.flush_recorders() if report.when == "call" else {}
+            record = _episode_record(item, call, report, hud)
+            if artefacts and not record.get("artefacts"):
+                record["artefacts"] = artefacts  # an errored episode has no result to carry them
+            report.hud_episode = record
+            props = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
+                     "duration_s", "slot")
+            props = [(k, record[k]) for k in props if record.get(k) is not None]
+            report.user_properties.extend(props)
+            item.user_properties.extend(props)  # JUnit XML reads properties from the teardown report
+        return report
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
+        return episode_teststatus(report)
 
 
 def _replay(item: pytest.Item, record: dict[str, Any]) -> None:
@@ -322,58 +579,9 @@ def _replay(item: pytest.Item, record: dict[str, Any]) -> None:
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """On workers: finish videos and dataset parts before xdist tells the controller we are done."""
-    hud = worker_session(session.config)
-    if hud is not None and hasattr(session.config, "workerinput"):
-        hud.close_recorders()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item: pytest.Item) -> None:
-    hud = worker_session(item.config)
-    if hud is not None and is_episode_item(item):
-        ident = episode_identity(item)
-        hud.label_recorders(ident["task"], ident["episode"])
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    hud = worker_session(item.config)
-    if hud is None or not hud.settings.get("sequential") or not is_episode_item(item):
-        return
-    task = episode_identity(item)["task"]
-    decision = hud.pool_call("sequential", task=task)
-    if decision and decision != "undecided":
-        pytest.skip(f"sequential gate already decided {task}: {decision}")
-
-
 def _is_failure(excinfo: Any) -> bool:
     """An assertion (or ``pytest.fail``) is a failed episode; anything else is an error."""
     return excinfo.errisinstance((AssertionError, pytest.fail.Exception))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    report = yield
-    # Users may record numpy scalars: make every property crossable by the xdist channel.
-    report.user_properties = [(str(k), to_builtin(v)) for k, v in report.user_properties]
-    hud = worker_session(item.config)
-    if hud is None or not is_episode_item(item):
-        return report
-    if report.when == "call" or (report.when == "setup" and not report.passed):
-        artefacts = hud.flush_recorders() if report.when == "call" else {}
-        record = _episode_record(item, call, report, hud)
-        if artefacts and not record.get("artefacts"):
-            record["artefacts"] = artefacts  # an errored episode has no result to carry them
-        report.hud_episode = record
-        props = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
-                 "duration_s", "slot")
-        props = [(k, record[k]) for k in props if record.get(k) is not None]
-        report.user_properties.extend(props)
-        item.user_properties.extend(props)  # JUnit XML reads properties from the teardown report
-    return report
 
 
 def _is_episode_error(report: pytest.TestReport) -> bool:
@@ -381,12 +589,18 @@ def _is_episode_error(report: pytest.TestReport) -> bool:
     return bool(data) and data.get("outcome") == "error" and report.failed
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+def episode_teststatus(report: pytest.TestReport):
     """A crash, timeout or sim error is an *error* (E), not a failed episode (F)."""
     if _is_episode_error(report) and report.when not in ("setup", "teardown"):  # call, or xdist's crash
         return "error", "E", "ERROR"
     return None
+
+
+def _skip_reason(report: pytest.TestReport) -> str | None:
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr or "")
+    text = str(text).strip()
+    return (text[len("Skipped: "):] if text.startswith("Skipped: ") else text)[:500] or None
 
 
 def _episode_record(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport,
@@ -408,6 +622,10 @@ def _episode_record(item: pytest.Item, call: pytest.CallInfo, report: pytest.Tes
     else:
         outcome = "error"
     error = None
+    if outcome == "skipped":
+        skip_reason = _skip_reason(report)
+    else:
+        skip_reason = None
     if outcome == "error":
         if bridge_error:
             error = str(bridge_error)[:2000]
@@ -421,6 +639,7 @@ def _episode_record(item: pytest.Item, call: pytest.CallInfo, report: pytest.Tes
         "worker": f"gw{hud.worker}" if hasattr(item.config, "workerinput") else "main",
         "duration_s": float(report.duration),
         "error": error,
+        "skip_reason": skip_reason,
     }
     if result is not None:
         record.update(
@@ -443,7 +662,8 @@ def _episode_record(item: pytest.Item, call: pytest.CallInfo, report: pytest.Tes
 class HudController:
     """Controller-side state: the pool, declared episodes, records, the results file."""
 
-    def __init__(self, config: pytest.Config, settings: dict[str, Any]) -> None:
+    def __init__(self, config: pytest.Config, settings: dict[str, Any], inputs: RunInputs,
+                 secret: str | None = None) -> None:
         from .client import BridgeAddress
         from .pool import BridgeSpec, PoolService, SimPool
 
@@ -451,12 +671,28 @@ class HudController:
         self.settings = settings
         self.workers = _num_workers(config)
         self.width = settings["width"] or self.workers
-        self.secret = secrets.token_hex(16)
+        self.secret = secret or secrets.token_hex(16)
         self.run_id = secrets.token_hex(8)
         self.started = time.monotonic()
         self.declared: dict[str, dict[str, Any]] = {}
+        self.deselected: set[str] = set()
         self.records: dict[str, EpisodeRecord] = {}
+        self.gate_config = inputs.gate_config
+        self.baseline = inputs.baseline
+        self.baseline_successes: dict[str, dict[str, bool]] = {}  # task -> episode -> success
+        if self.baseline is not None:
+            from .gate import outcomes_from_results
 
+            self.baseline_successes = {t: o.successes for t, o in outcomes_from_results(self.baseline).items()}
+        self._resumable = inputs.resumable
+        self.floors: dict[str, float] = {}
+        self.verdicts: list[Any] | None = None
+        self.other_failures = 0
+        self._sequential_tests: dict[str, Any] = {}
+        self._last_progress = time.monotonic()
+        self.recording: dict[str, Any] | None = None
+
+        # Everything above only read; from here on the run has side effects (all inputs are valid).
         self._lock = threading.Lock()
         rootdir = str(config.rootpath)
         invocation = str(config.invocation_params.dir)
@@ -475,58 +711,37 @@ class HudController:
         self.service = PoolService(self.pool, self.secret, self.service_host,
                                    extra_methods={"declare": self._declare, "sequential": self._sequential,
                                                   "resume_lookup": self._resume_lookup})
-        self._resolve_artefact_dirs()
         self.provenance = self._provenance()
         self._old_sigterm = _sigterm_as_interrupt()
-        self.writer: ResultsWriter | None = None
+        self.results_path: Path | None = None
         if settings["results"]:
             path = Path(settings["results"])
-            if not path.is_absolute():
-                path = config.invocation_params.dir / path
-            resuming_here = bool(settings["resume"]) and Path(settings["resume"]).resolve() == path.resolve()
-            self.writer = ResultsWriter(path, self.provenance, self.run_id, append=resuming_here)
-        self.gate_config = _gate_config(config, settings)
-        self.baseline = None
-        self.baseline_successes: dict[str, dict[str, bool]] = {}  # task -> episode -> success
-        if settings["baseline"]:
-            from .gate import outcomes_from_results
-            from .results import load_results
-
-            self.baseline = load_results(settings["baseline"])
-            self.baseline_successes = {t: o.successes for t, o in outcomes_from_results(self.baseline).items()}
-        self.floors: dict[str, float] = {}
-        self.verdicts: list[Any] | None = None
-        self.other_failures = 0
-        self._sequential_tests: dict[str, Any] = {}
-        self._last_progress = time.monotonic()
-        self.recording: dict[str, Any] | None = None
-        self._resumable = _resume_index(settings["resume"]) if settings["resume"] else {}
+            self.results_path = path if path.is_absolute() else config.invocation_params.dir / path
+        self.writer: ResultsWriter | None = None  # opened with the first record: a run of nothing writes nothing
 
     # ------------------------------------------------------------ plumbing
-    def _resolve_artefact_dirs(self) -> None:
-        """Absolute paths for workers (they may run elsewhere in the tree): videos go beside the report."""
-        here = self.config.invocation_params.dir
-        s = self.settings
-        if s["video"] != "none" and not s["video_dir"]:
-            anchor = (getattr(self.config.option, "htmlpath", None) or s["html"] or s["results"])
-            base = (here / anchor).parent if anchor else here
-            s["video_dir"] = str(base / "hud-videos")
-        for key in ("video_dir", "trace_dir", "html"):
-            if s[key]:
-                s[key] = str((here / s[key]).resolve())
+    def _write(self) -> ResultsWriter | None:
+        """The results file's writer, opened on first use (appending when resuming into the same file)."""
+        if self.writer is None and self.results_path is not None:
+            resume = self.settings["resume"]
+            resuming_here = bool(resume) and Path(resume).resolve() == self.results_path.resolve()
+            self.writer = ResultsWriter(self.results_path, self.provenance, self.run_id, append=resuming_here)
+        return self.writer
 
     def html_summary(self):
         return self.tasks(), self.verdict_dicts(), self.coverage()
 
-    def worker_settings(self) -> dict[str, Any]:
-        return dict(self.settings, width=self.width, distributed=_distributed(self.config))
-
     def workerinput(self) -> dict[str, Any]:
         return {"pool_host": self.service_host, "pool_port": self.service.port, "secret": self.secret,
-                "settings": self.worker_settings()}
+                "settings": worker_settings(self.config, self.settings)}
 
-    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0) -> int:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
+        return episode_teststatus(report)
+
+    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = ()) -> int:
         with self._lock:
+            self.deselected.update(deselected)
             for ep in episodes:
                 self.declared.setdefault(ep["nodeid"], ep)
                 if ep.get("min_success") is not None:
@@ -626,8 +841,9 @@ class HudController:
             record.finished_at = time.time()
         with self._lock:
             self.records[record.nodeid] = record
-            if self.writer is not None:
-                self.writer.episode(record)
+            writer = self._write()
+            if writer is not None:
+                writer.episode(record)
             self._feed_sequential(record)
         self._progress()
 
@@ -695,11 +911,12 @@ class HudController:
         if self.baseline is not None:
             base = outcomes_from_results(self.baseline)
         floors = {**self.gate_config.floors, **self.floors}  # marker floors are exact task ids: they win
-        verdicts = evaluate_gate(current, base, replace(self.gate_config, floors=floors))
+        verdicts = evaluate_gate(current, base, replace(self.gate_config, floors=floors),
+                                 deselected=self.deselected - set(current))
         for i, v in enumerate(verdicts):
             test = self._sequential_tests.get(v.task)
             decision = test.decide() if test is not None else "undecided"
-            if decision != "undecided" and v.verdict != "insufficient coverage":
+            if decision != "undecided" and v.verdict not in ("insufficient coverage", "skipped"):
                 verdicts[i] = Verdict(
                     task=v.task, verdict="regression" if decision == "regression" else "pass",
                     test="sequential", current_rate=v.current_rate, baseline_rate=v.baseline_rate,
@@ -715,6 +932,8 @@ class HudController:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         from .gate import gate_passed
 
+        if session.config.option.collectonly:
+            return  # nothing ran: no verdicts, no files
         in_process = worker_session(self.config)
         if in_process is not None:
             in_process.close_recorders()  # -n 0: this process recorded; finish before merging
@@ -730,8 +949,9 @@ class HudController:
         gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
         if self.records or self.declared:
             self._step_summary()
-            if self.writer is not None:
-                self.writer.summary(self.tasks(), self.coverage(), self.observed_provenance(), gate)
+            writer = self._write()
+            if writer is not None:
+                writer.summary(self.tasks(), self.coverage(), self.observed_provenance(), gate)
             if self.settings["html"]:
                 from .report.html import write_standalone_page
 
@@ -818,7 +1038,7 @@ class HudController:
         return [
             f"hud: sim={s['sim'] or '(per test)'} width={self.width} workers={self.workers} "
             f"policy={s['policy'] or '(per test)'} ({where})",
-        ] + ([f"hud: results -> {self.writer.path}"] if self.writer else [])
+        ] + ([f"hud: results -> {self.results_path}"] if self.results_path else [])
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if not self.records and not self.declared:
@@ -848,13 +1068,16 @@ class HudController:
                                                              if self.recording.get("error") else []):
                 tr.write_line(f"recording: {text}", yellow=True)
         if self.verdicts is not None:
-            from .gate import gate_passed
+            from .gate import gate_passed, nothing_compared
 
             for v in self.verdicts:
                 if v.verdict != "pass":
                     tr.write_line(f"gate: {v.verdict.upper()} {v.task}: {v.reason}",
                                   red=v.failed, yellow=not v.failed)
             ok = gate_passed(self.verdicts)
+            nothing = nothing_compared(self.verdicts)
+            if nothing:
+                tr.write_line(f"gate: {nothing}", red=True)
             base = f" against {self.settings['baseline']}" if self.settings["baseline"] else ""
             kinds: dict[str, int] = {}
             for v in self.verdicts:
@@ -946,14 +1169,6 @@ def _gate_config(config: pytest.Config, settings: dict[str, Any]):
         return GateConfig(**data)
     except (TypeError, ValueError) as exc:
         raise pytest.UsageError(f"gate settings: {exc}") from None
-
-
-def _resume_index(path: str) -> dict[tuple[str, str], EpisodeRecord]:
-    """Finished episodes (passed or failed; errors run again) of a results file, by (task, episode)."""
-    from .results import load_results
-
-    return {(r.task, str(r.episode)): r for r in load_results(path).latest_episodes()
-            if r.outcome in ("passed", "failed")}
 
 
 def _sigterm_as_interrupt():

@@ -80,8 +80,7 @@ class SimPool:
         self.spec = spec
         self.workers = max(1, workers)
         self.attach = attach
-        self.workdir = Path(tempfile.mkdtemp(prefix="pytest-hud-"))
-        os.chmod(self.workdir, 0o700)
+        self._workdir: Path | None = None  # made on the first spawn: a run that starts nothing leaves nothing
         self._lock = threading.Lock()
         self._key_locks: dict[tuple, threading.Lock] = {}
         self._bridges: dict[tuple, _Bridge] = {}
@@ -121,6 +120,16 @@ class SimPool:
             return current.address
 
     # --------------------------------------------------------------- spawning
+    @property
+    def workdir(self) -> Path:
+        """The 0700 directory of announce files (with the secret) and logs, made on first use."""
+        with self._lock:
+            if self._workdir is None:
+                if self.closed:
+                    raise PoolError("the run is shutting down")
+                self._workdir = Path(tempfile.mkdtemp(prefix="pytest-hud-"))  # mkdtemp makes it 0700
+            return self._workdir
+
     def _next_name(self, kind: str) -> tuple[Path, Path]:
         with self._lock:
             self._count += 1
@@ -233,7 +242,8 @@ class SimPool:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _terminate(process, kill=True)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
 
 
 def _terminate(process: subprocess.Popen, kill: bool = False) -> None:

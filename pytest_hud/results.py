@@ -81,6 +81,7 @@ class EpisodeRecord:
     slot: int | None = None
     worker: str | None = None
     error: str | None = None
+    skip_reason: str | None = None  # why a skipped episode was skipped (skip/skipif reason)
     reused: bool = False
     finished_at: float | None = None  # epoch seconds when the controller received it
     artefacts: dict[str, str] = field(default_factory=dict)

@@ -14,6 +14,8 @@ from pytest_hud.gate import (
     floor_for,
     gate_passed,
     load_gate_file,
+    nothing_compared,
+    outcomes_from_records,
 )
 from pytest_hud.stats import boschloo_exact_one_sided
 
@@ -166,10 +168,70 @@ def test_a_task_with_no_finished_episode_is_insufficient_coverage() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def test_a_new_task_without_baseline_or_floor_passes_with_a_reason() -> None:
+def test_a_task_without_baseline_or_floor_is_no_baseline_never_pass() -> None:
     for baseline in (None, {}):
         v = only(evaluate_gate({"t": episodes("0" * 10)}, baseline))
-        assert v.verdict == "pass" and v.reason == "no baseline" and v.p_value is None
+        assert v.verdict == "no baseline" and v.p_value is None and not v.failed
+        assert "no baseline" in v.reason
+
+
+def test_a_new_task_beside_compared_ones_is_no_baseline_and_the_gate_passes() -> None:
+    ten = episodes("1" * 10)
+    verdicts = evaluate_gate({"old": ten, "new": ten}, {"old": ten})
+    assert only(verdicts, "new").verdict == "no baseline" and "not in the baseline" in only(verdicts, "new").reason
+    assert only(verdicts, "old").verdict == "inconclusive"  # compared (too few episodes to say pass)
+    assert gate_passed(verdicts) and nothing_compared(verdicts) is None
+
+
+def test_a_baseline_task_with_only_errors_is_no_baseline_not_pass() -> None:
+    v = only(evaluate_gate({"t": episodes("0" * 10)}, {"t": episodes("", errors=10)}))
+    assert v.verdict == "no baseline" and "none of its 10 baseline episodes" in v.reason
+
+
+def test_a_gate_that_compared_nothing_while_episodes_ran_fails() -> None:
+    verdicts = evaluate_gate({"a": episodes("1" * 10), "b": episodes("0" * 5)}, {})
+    assert {v.verdict for v in verdicts} == {"no baseline"}
+    assert not gate_passed(verdicts) and "nothing was compared" in nothing_compared(verdicts)
+
+
+def skipped(n: int, reason: str = "LeRobot is not installed") -> TaskOutcomes:
+    return TaskOutcomes({}, 0, 0, skipped=n, skip_reason=reason)
+
+
+def test_a_task_skipped_on_both_sides_is_skipped_with_its_reason_and_does_not_fail() -> None:
+    ten = episodes("1" * 10)
+    verdicts = evaluate_gate({"ran": ten, "opt": skipped(24)}, {"ran": ten, "opt": skipped(24)})
+    v = only(verdicts, "opt")
+    assert v.verdict == "skipped" and "LeRobot is not installed" in v.reason and "both runs" in v.reason
+    assert not v.failed and gate_passed(verdicts)
+
+
+def test_a_task_graded_in_the_baseline_but_skipped_now_fails_and_says_skipped() -> None:
+    v = only(evaluate_gate({"opt": skipped(24)}, {"opt": episodes("1" * 24)}), "opt")
+    assert v.verdict == "insufficient coverage" and v.failed
+    assert v.reason.startswith("skipped in this run (LeRobot is not installed) but graded in the baseline")
+
+
+def test_a_baseline_task_deselected_now_fails_and_says_deselected() -> None:
+    ten = episodes("1" * 10)
+    dropped = only(evaluate_gate({"kept": ten}, {"kept": ten, "gone": ten}, deselected={"gone"}), "gone")
+    assert dropped.verdict == "insufficient coverage" and "deselected in this run" in dropped.reason
+    renamed = only(evaluate_gate({"kept": ten}, {"kept": ten, "gone": ten}), "gone")
+    assert "not collected in this run" in renamed.reason and "deselected" not in renamed.reason
+
+
+def test_a_baseline_task_that_was_only_skipped_there_and_is_absent_now_does_not_fail() -> None:
+    ten = episodes("1" * 10)
+    verdicts = evaluate_gate({"kept": ten}, {"kept": ten, "opt": skipped(4)})
+    assert only(verdicts, "opt").verdict == "skipped" and gate_passed(verdicts)
+
+
+def test_skipped_records_carry_their_reason_into_the_outcomes() -> None:
+    from types import SimpleNamespace as R
+
+    recs = [R(task="t", episode=str(i), outcome="skipped", success=None, skip_reason="no GPU") for i in range(3)]
+    out = outcomes_from_records(recs, {"t": 3})["t"]
+    assert out.all_skipped and out.skipped == 3 and out.skip_reason == "no GPU" and out.declared == 0
 
 
 def test_floor_clearly_missed_is_a_regression() -> None:

@@ -161,3 +161,82 @@ def test_resume_reruns_episodes_of_another_policy(project):
     result = run(project, "--hud-policy=policies:falls", f"--hud-resume={base}", "--hud-results=new.jsonl")
     assert not any(r.reused for r in load_results(project.path / "new.jsonl").episodes)
     result.assert_outcomes(failed=4)
+
+
+def test_gating_against_the_results_file_the_run_writes_reads_the_baseline_first(project):
+    """The natural "gate against my last run": the ini's results file is also the baseline."""
+    project.makeini(INI + "hud_results = hud-results.jsonl\n")
+    project.makepyfile(test_suite=SUITE.format(n=30))
+    first = run(project, "--hud-policy=policies:balance")
+    assert first.ret == 0
+    result = run(project, "--hud-policy=policies:falls", "--hud-baseline=hud-results.jsonl")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*gate: REGRESSION test_suite.py::test_balance*paired-mcnemar*",
+                                 "*FAILED (1 regression)*"])
+    assert load_results(project.path / "hud-results.jsonl").summary["gate"][0]["verdict"] == "regression"
+
+
+OPTIONAL = '''
+import os
+import pytest
+
+@pytest.mark.parametrize("seed", range(10))
+def test_balance(shared_sim, robot_agent, seed):
+    assert robot_agent.run(shared_sim.episode(seed=seed)).success
+
+@pytest.mark.skipif(not os.environ.get("HAVE_EXTRA"), reason="the extra is not installed")
+@pytest.mark.parametrize("seed", range(10))
+def test_optional(shared_sim, robot_agent, seed):
+    assert robot_agent.run(shared_sim.episode(seed=seed)).success
+'''
+
+
+def run_env(pytester: pytest.Pytester, env: dict[str, str], *args: str) -> pytest.RunResult:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return run(pytester, *args)
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+
+
+def test_a_task_skipped_on_both_sides_is_shown_skipped_and_does_not_fail(project):
+    project.makepyfile(test_suite=OPTIONAL)
+    run(project, "--hud-policy=policies:balance", "--hud-results=base.jsonl")
+    result = run(project, "--hud-policy=policies:balance", "--hud-baseline=base.jsonl")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "*gate: SKIPPED test_suite.py::test_optional: skipped (the extra is not installed) in both runs*",
+        "*gate against base.jsonl: PASSED*skipped*"])
+
+
+def test_a_task_graded_in_the_baseline_and_skipped_now_fails_and_says_skipped(project):
+    project.makepyfile(test_suite=OPTIONAL)
+    run_env(project, {"HAVE_EXTRA": "1"}, "--hud-policy=policies:balance", "--hud-results=base.jsonl")
+    result = run_env(project, {"HAVE_EXTRA": ""}, "--hud-policy=policies:balance", "--hud-baseline=base.jsonl")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*gate: INSUFFICIENT COVERAGE test_suite.py::test_optional: skipped in this run"
+                                 " (the extra is not installed) but graded in the baseline (10 episodes)*"])
+
+
+def test_a_task_graded_in_the_baseline_and_deselected_now_fails_and_says_deselected(project):
+    project.makepyfile(test_suite=OPTIONAL)
+    run_env(project, {"HAVE_EXTRA": "1"}, "--hud-policy=policies:balance", "--hud-results=base.jsonl")
+    result = run_env(project, {"HAVE_EXTRA": "1"}, "--hud-policy=policies:balance", "--hud-baseline=base.jsonl",
+                     "-k", "not optional")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*gate: INSUFFICIENT COVERAGE test_suite.py::test_optional: graded in the"
+                                 " baseline (10 episodes) but not run now: deselected in this run (-k/-m)*"])
+
+
+def test_a_baseline_with_nothing_to_compare_never_passes(project):
+    """The baseline was recorded without the extra (skipped); now the task runs: nothing is compared."""
+    project.makepyfile(test_suite=OPTIONAL)
+    run_env(project, {"HAVE_EXTRA": ""}, "--hud-policy=policies:balance", "--hud-results=base.jsonl", "-k", "optional")
+    result = run_env(project, {"HAVE_EXTRA": "1"}, "--hud-policy=policies:balance", "--hud-baseline=base.jsonl",
+                     "-k", "optional")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([
+        "*gate: NO BASELINE test_suite.py::test_optional: no baseline: skipped there (the extra is not installed)*",
+        "*gate: nothing was compared*", "*FAILED (1 no baseline)*"])
