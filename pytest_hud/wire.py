@@ -21,7 +21,15 @@ from typing import Any
 import msgpack
 import numpy as np
 
-__all__ = ["WireError", "packb", "unpackb", "MAX_FRAME_BYTES"]
+__all__ = [
+    "WireError",
+    "TextFrameError",
+    "NotAMapError",
+    "packb",
+    "unpackb",
+    "unpack_map",
+    "MAX_FRAME_BYTES",
+]
 
 #: Largest frame either side accepts (WebSocket message or control-channel line).
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -31,6 +39,22 @@ _REFUSED_KINDS = {"O": "object", "V": "void (structured)", "c": "complex"}
 
 class WireError(ValueError):
     """A frame that cannot be encoded or decoded under openpi/0."""
+
+
+class TextFrameError(WireError):
+    """A text frame where a msgpack map was due: under openpi/0 that is the peer's readable error."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class NotAMapError(WireError):
+    """A well-formed frame that is not a map (``got`` names its type, e.g. ``"list"``)."""
+
+    def __init__(self, got: str) -> None:
+        super().__init__(f"frame is a {got}, expected a map")
+        self.got = got
 
 
 def _check_dtype(dtype: np.dtype) -> None:
@@ -114,3 +138,21 @@ def unpackb(data: bytes) -> Any:
         raise
     except Exception as exc:  # msgpack raises a zoo of types on bad input
         raise WireError(f"frame is not valid msgpack: {type(exc).__name__}: {exc}") from None
+
+
+def unpack_map(data: bytes | str) -> dict[str, Any]:
+    """Decode one openpi/0 message, which is always a map (metadata, claim, observation, action).
+
+    Raises :class:`TextFrameError` for a text frame (the peer's error, which callers surface as
+    is), :class:`NotAMapError` for any other decoded value, and :class:`WireError` for bytes that
+    do not decode. Each side words these for its own user.
+
+    >>> unpack_map(packb({"terminated": False}))
+    {'terminated': False}
+    """
+    if isinstance(data, str):
+        raise TextFrameError(data)
+    frame = unpackb(data)
+    if not isinstance(frame, dict):
+        raise NotAMapError(type(frame).__name__)
+    return frame

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
+from ..wire import MAX_FRAME_BYTES, NotAMapError, TextFrameError, WireError, packb, unpack_map
 from ..wsconn import BlockingWebSocket
 
 __all__ = ["RemotePolicy", "RemotePolicyError"]
@@ -94,19 +94,18 @@ class RemotePolicy:
             ) from None
 
     def _decode(self, raw: bytes | str, what: str) -> dict[str, Any]:
-        if isinstance(raw, str):
-            raise RemotePolicyError(f"the policy server at {self.url} reported an error:\n{raw}")
         try:
-            frame = unpackb(raw)
+            return unpack_map(raw)
+        except TextFrameError as exc:
+            raise RemotePolicyError(f"the policy server at {self.url} reported an error:\n{exc.text}") from None
+        except NotAMapError as exc:
+            raise RemotePolicyError(
+                f"the policy server at {self.url} sent a {exc.got} as its {what}, expected a map"
+            ) from None
         except WireError as exc:
             raise RemotePolicyError(
                 f"the policy server at {self.url} sent an undecodable {what}: {exc}"
             ) from None
-        if not isinstance(frame, dict):
-            raise RemotePolicyError(
-                f"the policy server at {self.url} sent a {type(frame).__name__} as its {what}, expected a map"
-            )
-        return frame
 
     # ----------------------------------------------------------------- model
     def predict(self, observation: Mapping[str, Any], prompt: str | None = None) -> np.ndarray:

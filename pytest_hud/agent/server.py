@@ -62,7 +62,7 @@ from websockets.frames import CloseCode
 
 from ..contract import flatten_observation
 from ..announce import parent_alive, write_announce
-from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
+from ..wire import MAX_FRAME_BYTES, NotAMapError, TextFrameError, WireError, packb, unpack_map
 
 __all__ = ["PROTOCOL", "PolicyServer", "RequestError", "load_server_policy", "main"]
 
@@ -276,14 +276,14 @@ class PolicyServer:
             self.stats["connections"] -= 1
 
     def _parse(self, raw: bytes | str) -> tuple[dict[str, Any], str | None]:
-        if isinstance(raw, str):
-            raise RequestError("observation frames must be binary msgpack, not text")
         try:
-            frame = unpackb(raw)
+            frame = unpack_map(raw)
+        except TextFrameError:
+            raise RequestError("observation frames must be binary msgpack, not text") from None
+        except NotAMapError as exc:
+            raise RequestError(f"an observation frame must be a map, got a {exc.got}") from None
         except WireError as exc:
             raise RequestError(f"cannot decode the observation frame: {exc}") from None
-        if not isinstance(frame, dict):
-            raise RequestError(f"an observation frame must be a map, got a {type(frame).__name__}")
         prompt = frame.pop(PROMPT_KEY, None)
         if prompt is not None and not isinstance(prompt, str):
             raise RequestError(f"'prompt' must be a string, got a {type(prompt).__name__}")
