@@ -1,9 +1,12 @@
-"""Newline-delimited JSON-RPC 2.0 over loopback TCP: framing, a server shell and clients.
+"""Newline-delimited JSON-RPC 2.0 over loopback TCP: the socket shells around :mod:`.jsonrpc`.
 
 Used by the bridge's control channel and by the controller's pool service. One request per line,
 unique ids, frames up to 16 MiB. The first call on a connection must be ``hello`` with the run's
 secret; anything else before it is refused. Malformed frames get a JSON-RPC error, never a dead
 handler; a line over the size limit closes the connection (the stream can no longer be framed).
+
+What a line says is decided in :mod:`.jsonrpc`; this module only moves lines: an asyncio server,
+a blocking client and an asyncio client.
 """
 
 from __future__ import annotations
@@ -11,12 +14,26 @@ from __future__ import annotations
 import asyncio
 import hmac
 import itertools
-import json
 import socket
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .jsonrpc import (
+    APP_ERROR,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    UNAUTHORIZED,
+    InvalidRequest,
+    RpcClientProtocol,
+    RpcError,
+    encode_error,
+    encode_result,
+    parse_request,
+)
 from .wire import MAX_FRAME_BYTES
 
 __all__ = [
@@ -31,35 +48,6 @@ __all__ = [
     "UNAUTHORIZED",
     "APP_ERROR",
 ]
-
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-UNAUTHORIZED = -32001
-APP_ERROR = -32000
-
-
-class RpcError(Exception):
-    """An error answered by the other side (or a broken connection, code ``None``)."""
-
-    def __init__(self, message: str, code: int | None = APP_ERROR, data: Any = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.data = data
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0])
-
-
-def _error(id_: Any, code: int, message: str, data: Any = None) -> bytes:
-    err: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        err["data"] = data
-    return (json.dumps({"jsonrpc": "2.0", "id": id_, "error": err}) + "\n").encode()
-
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -127,7 +115,7 @@ class RpcServer:
                 except asyncio.LimitOverrunError:
                     await self._send(
                         conn,
-                        _error(None, INVALID_REQUEST, f"frame exceeds {MAX_FRAME_BYTES} bytes; closing"),
+                        encode_error(None, INVALID_REQUEST, f"frame exceeds {MAX_FRAME_BYTES} bytes; closing"),
                     )
                     break
                 if not line.strip():
@@ -152,44 +140,23 @@ class RpcServer:
     async def _dispatch(self, conn: Connection, line: bytes) -> bool:
         """Handle one frame; False closes the connection."""
         try:
-            req = json.loads(line)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
-            await self._send(conn, _error(None, PARSE_ERROR, f"frame is not JSON: {exc}"))
+            req = parse_request(line)
+        except InvalidRequest as bad:
+            await self._send(conn, bad.reply)
             return True
-        if not isinstance(req, dict) or req.get("jsonrpc") != "2.0" or not isinstance(
-            req.get("method"), str
-        ):
-            await self._send(
-                conn,
-                _error(
-                    req.get("id") if isinstance(req, dict) else None,
-                    INVALID_REQUEST,
-                    'a request is {"jsonrpc": "2.0", "id": N, "method": "...", "params": {...}}',
-                ),
-            )
-            return True
-        id_ = req.get("id")
-        if not isinstance(id_, (int, str)) and id_ is not None or isinstance(id_, bool):
-            await self._send(conn, _error(None, INVALID_REQUEST, "id must be a number or a string"))
-            return True
-        method, params = req["method"], req.get("params", {})
-        if params is None:
-            params = {}
-        if not isinstance(params, dict):
-            await self._send(conn, _error(id_, INVALID_PARAMS, "params must be an object"))
-            return True
+        id_, method, params = req.id, req.method, req.params
         if method == "hello":
             return await self._hello(conn, id_, params)
         if not conn.authenticated:
             await self._send(
-                conn, _error(id_, UNAUTHORIZED, "call hello(secret) first; this connection is closed")
+                conn, encode_error(id_, UNAUTHORIZED, "call hello(secret) first; this connection is closed")
             )
             return False
         handler = self.methods.get(method)
         if handler is None:
             await self._send(
                 conn,
-                _error(id_, METHOD_NOT_FOUND, f"unknown method {method!r}; known: {sorted(self.methods)}"),
+                encode_error(id_, METHOD_NOT_FOUND, f"unknown method {method!r}; known: {sorted(self.methods)}"),
             )
             return True
         task = asyncio.ensure_future(self._call(conn, id_, handler, params))
@@ -205,11 +172,11 @@ class RpcServer:
         ):
             await self._send(
                 conn,
-                _error(id_, UNAUTHORIZED, "wrong or missing secret; use the one from the announce file"),
+                encode_error(id_, UNAUTHORIZED, "wrong or missing secret; use the one from the announce file"),
             )
             return False
         conn.authenticated = True
-        await self._send(conn, _result(id_, self.hello_info()))
+        await self._send(conn, encode_result(id_, self.hello_info()))
         return True
 
     async def _call(self, conn: Connection, id_: Any, handler: Handler, params: dict) -> None:
@@ -217,44 +184,20 @@ class RpcServer:
             result = await handler(conn, **params)
         except TypeError as exc:
             if id_ is not None:
-                await self._send(conn, _error(id_, INVALID_PARAMS, f"bad parameters: {exc}"))
+                await self._send(conn, encode_error(id_, INVALID_PARAMS, f"bad parameters: {exc}"))
             return
         except RpcError as exc:
             if id_ is not None:
-                await self._send(conn, _error(id_, exc.code or APP_ERROR, exc.message, exc.data))
+                await self._send(conn, encode_error(id_, exc.code or APP_ERROR, exc.message, exc.data))
             return
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply
             if id_ is not None:
-                await self._send(conn, _error(id_, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
+                await self._send(conn, encode_error(id_, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
             return
         if id_ is not None:
-            await self._send(conn, _result(id_, result))
-
-
-def _result(id_: Any, result: Any) -> bytes:
-    try:
-        return (json.dumps({"jsonrpc": "2.0", "id": id_, "result": result}) + "\n").encode()
-    except (TypeError, ValueError, RecursionError) as exc:
-        return _error(id_, INTERNAL_ERROR, f"result is not JSON-serializable: {exc}")
-
-
-def _parse_reply(line: bytes, what: str) -> dict:
-    if not line:
-        raise RpcError(f"{what} closed the connection", code=None)
-    try:
-        reply = json.loads(line)
-    except ValueError as exc:
-        raise RpcError(f"{what} sent a frame that is not JSON: {exc}", code=None) from None
-    return reply
-
-
-def _unwrap(reply: dict) -> Any:
-    if "error" in reply:
-        err = reply["error"] or {}
-        raise RpcError(str(err.get("message")), err.get("code"), err.get("data"))
-    return reply.get("result")
+            await self._send(conn, encode_result(id_, result))
 
 
 class RpcClient:
@@ -263,7 +206,7 @@ class RpcClient:
     def __init__(self, host: str, port: int, secret: str, timeout: float = 30.0, what: str = "server"):
         self.what = what
         self.timeout = timeout
-        self._ids = itertools.count(1)
+        self._protocol = RpcClientProtocol(what)
         self._lock = threading.Lock()
         try:
             self._sock = socket.create_connection((host, port), timeout=timeout)
@@ -275,15 +218,15 @@ class RpcClient:
 
     def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
         with self._lock:
-            id_ = next(self._ids)
-            data = (json.dumps({"jsonrpc": "2.0", "id": id_, "method": method, "params": params}) + "\n").encode()
+            id_, data = self._protocol.request(method, params)
             self._sock.settimeout(self.timeout if timeout is None else timeout)
             try:
                 self._sock.sendall(data)
                 while True:
-                    reply = _parse_reply(self._file.readline(MAX_FRAME_BYTES + 1), self.what)
-                    if reply.get("id") == id_ or reply.get("id") is None:
-                        return _unwrap(reply)
+                    # calls are serialised, so the one reply receive() matches is this call's
+                    matched = self._protocol.receive(self._file.readline(MAX_FRAME_BYTES + 1))
+                    if matched is not None:
+                        return self._protocol.outcome(matched[1])
             except TimeoutError:
                 raise RpcError(
                     f"{self.what} did not answer {method}() within {self._sock.gettimeout():.0f} s",
@@ -291,6 +234,8 @@ class RpcClient:
                 ) from None
             except OSError as exc:
                 raise RpcError(f"connection to {self.what} failed during {method}(): {exc}", code=None) from None
+            finally:
+                self._protocol.forget(id_)  # a late reply to a timed-out call is then skipped
 
     def close(self) -> None:
         try:
@@ -312,8 +257,8 @@ class AsyncRpcClient:
     def __init__(self, what: str = "server", timeout: float = 30.0) -> None:
         self.what = what
         self.timeout = timeout
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._protocol = RpcClientProtocol(what)
+        self._waiting: dict[int, asyncio.Future] = {}
         self._reader_task: asyncio.Task | None = None
         self._writer: asyncio.StreamWriter | None = None
         self.hello_info: Any = None
@@ -335,37 +280,37 @@ class AsyncRpcClient:
         error = RpcError(f"{self.what} closed the connection", code=None)
         try:
             while True:
-                line = await reader.readline()
-                reply = _parse_reply(line, self.what)
-                fut = self._pending.pop(reply.get("id"), None)
-                if fut is not None and not fut.done():
-                    fut.set_result(reply)
+                matched = self._protocol.receive(await reader.readline())
+                if matched is not None:
+                    fut = self._waiting.pop(matched[0], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(matched[1])
         except RpcError as exc:
             error = exc
         except (ConnectionError, asyncio.LimitOverrunError, ValueError) as exc:
             error = RpcError(f"connection to {self.what} failed: {exc}", code=None)
         finally:
-            for fut in self._pending.values():
+            for fut in self._waiting.values():
                 if not fut.done():
                     fut.set_exception(error)
-            self._pending.clear()
+            self._waiting.clear()
 
     async def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
         if self._writer is None or self._reader_task is None or self._reader_task.done():
             raise RpcError(f"connection to {self.what} is closed", code=None)
-        id_ = next(self._ids)
+        id_, data = self._protocol.request(method, params)
         fut = asyncio.get_running_loop().create_future()
-        self._pending[id_] = fut
-        self._writer.write(
-            (json.dumps({"jsonrpc": "2.0", "id": id_, "method": method, "params": params}) + "\n").encode()
-        )
-        await self._writer.drain()
+        self._waiting[id_] = fut
         try:
+            self._writer.write(data)
+            await self._writer.drain()
             reply = await asyncio.wait_for(fut, self.timeout if timeout is None else timeout)
         except asyncio.TimeoutError:
-            self._pending.pop(id_, None)
             raise RpcError(f"{self.what} did not answer {method}() in time", code=None) from None
-        return _unwrap(reply)
+        finally:
+            self._waiting.pop(id_, None)
+            self._protocol.forget(id_)
+        return self._protocol.outcome(reply)
 
     async def close(self) -> None:
         if self._writer is not None:
