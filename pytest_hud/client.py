@@ -1,6 +1,7 @@
 """Worker side of a bridge: the control client and the slot WebSocket clients (sync and asyncio).
 
-Only numpy, msgpack and websockets are needed here: workers stay thin.
+Only numpy, msgpack and websockets are needed here: workers stay thin. What the frames and replies
+mean is decided once in :mod:`.bridge_protocol`; the classes here only move them.
 
     >>> bridge = BridgeAddress.from_announce("/tmp/bridge.json")
     >>> control = ControlClient(bridge)
@@ -15,16 +16,28 @@ from __future__ import annotations
 
 import json
 import os
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from .bridge_protocol import (
+    BridgeError,
+    Claim,
+    action_frame,
+    claim_frame,
+    closed_error,
+    control_error,
+    read_claim,
+    read_contract,
+    read_frame,
+    send_error,
+)
 from .contract import Contract
 from .rpc import AsyncRpcClient, RpcClient, RpcError
-from .wire import MAX_FRAME_BYTES, WireError, packb, unpackb
+from .wire import MAX_FRAME_BYTES
 
 __all__ = [
     "BridgeAddress",
@@ -35,10 +48,6 @@ __all__ = [
     "SlotClient",
     "AsyncSlotClient",
 ]
-
-
-class BridgeError(RuntimeError):
-    """The bridge refused something, failed the slot, or went away. The message says which."""
 
 
 @dataclass(frozen=True)
@@ -86,19 +95,6 @@ class BridgeAddress:
                 "pid": self.pid, "width": self.width}
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A claimed slot: its token (for the WebSocket claim frame), index and prompt."""
-
-    token: str
-    slot: int
-    prompt: str | None = None
-
-
-def _as_bridge_error(exc: RpcError) -> BridgeError:
-    return BridgeError(exc.message)
-
-
 class ControlClient:
     """Blocking control-channel client. Claims made here are released if this client closes."""
 
@@ -108,22 +104,21 @@ class ControlClient:
         try:
             self._rpc = RpcClient(address.host, address.control, address.secret, timeout, "bridge")
         except RpcError as exc:
-            raise _as_bridge_error(exc) from None
+            raise control_error(exc) from None
         self.info = self._rpc.hello_info
 
     def _call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
         try:
             return self._rpc.call(method, timeout=timeout, **params)
         except RpcError as exc:
-            raise _as_bridge_error(exc) from None
+            raise control_error(exc) from None
 
     def contract(self) -> Contract:
-        return Contract.from_dict(self._call("contract"))
+        return read_contract(self._call("contract"))
 
     def reset(self, wait: float = 660.0, **task: Any) -> Claim:
         """Claim a slot for an episode (``seed``, ``options``, ``prompt``, ``build``, ...)."""
-        reply = self._call("reset", timeout=wait, **task)
-        return Claim(reply["token"], int(reply["slot"]), reply.get("prompt"))
+        return read_claim(self._call("reset", timeout=wait, **task))
 
     def result(self, token: str) -> dict[str, Any]:
         """Grade the episode and free its slot."""
@@ -159,21 +154,20 @@ class AsyncControlClient:
         try:
             rpc = await AsyncRpcClient.connect(address.host, address.control, address.secret, timeout, "bridge")
         except RpcError as exc:
-            raise _as_bridge_error(exc) from None
+            raise control_error(exc) from None
         return cls(rpc, address)
 
     async def _call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
         try:
             return await self._rpc.call(method, timeout=timeout, **params)
         except RpcError as exc:
-            raise _as_bridge_error(exc) from None
+            raise control_error(exc) from None
 
     async def contract(self) -> Contract:
-        return Contract.from_dict(await self._call("contract"))
+        return read_contract(await self._call("contract"))
 
     async def reset(self, wait: float = 660.0, **task: Any) -> Claim:
-        reply = await self._call("reset", timeout=wait, **task)
-        return Claim(reply["token"], int(reply["slot"]), reply.get("prompt"))
+        return read_claim(await self._call("reset", timeout=wait, **task))
 
     async def result(self, token: str) -> dict[str, Any]:
         return await self._call("result", token=token)
@@ -186,28 +180,6 @@ class AsyncControlClient:
 
     async def close(self) -> None:
         await self._rpc.close()
-
-
-def _decode_frame(raw: Any, what: str) -> dict[str, Any]:
-    if isinstance(raw, str):
-        raise BridgeError(raw)  # the bridge's readable error
-    try:
-        frame = unpackb(raw)
-    except WireError as exc:
-        raise BridgeError(f"bridge sent an undecodable {what}: {exc}") from None
-    if not isinstance(frame, dict):
-        raise BridgeError(f"bridge sent a {type(frame).__name__} as {what}, expected a map")
-    return frame
-
-
-def _closed(exc: ConnectionClosed) -> BridgeError:
-    rcvd = exc.rcvd
-    detail = f" (code {rcvd.code}: {rcvd.reason})" if rcvd is not None and rcvd.reason else ""
-    return BridgeError(f"bridge closed the slot connection without an error frame{detail}")
-
-
-def _action_frame(action: Any) -> bytes:
-    return packb({"actions": np.asarray(action)})
 
 
 class SlotClient:
@@ -228,9 +200,9 @@ class SlotClient:
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
             raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
         try:
-            self.metadata = _decode_frame(self._recv(connect_timeout), "metadata")
-            self._send(packb({"claim": token}))
-            self.first_observation = _decode_frame(self._recv(connect_timeout), "first observation")
+            self.metadata = read_frame(self._recv(connect_timeout), "metadata")
+            self._send(claim_frame(token))
+            self.first_observation = read_frame(self._recv(connect_timeout), "first observation")
         except BaseException:
             self.close()
             raise
@@ -241,23 +213,22 @@ class SlotClient:
         except TimeoutError:
             raise BridgeError(f"bridge sent nothing for {timeout:g} s") from None
         except ConnectionClosed as exc:
-            raise _closed(exc) from None
+            raise closed_error(exc) from None
 
     def _send(self, data: bytes) -> None:
         try:
             self._ws.send(data)
         except ConnectionClosed as exc:
-            # the bridge may have failed the slot just before: its error frame is still buffered
             try:
-                late = self._ws.recv(0.5)
+                late: bytes | str | None = self._ws.recv(0.5)  # the bridge's error frame, if buffered
             except (ConnectionClosed, TimeoutError):
-                raise _closed(exc) from None
-            raise BridgeError(late if isinstance(late, str) else str(_closed(exc))) from None
+                late = None
+            raise send_error(exc, late) from None
 
     def step(self, action: Any) -> dict[str, Any]:
         """Send one action (``[A]``), return the next observation frame."""
-        self._send(_action_frame(action))
-        return _decode_frame(self._recv(self.recv_timeout), "observation")
+        self._send(action_frame(action))
+        return read_frame(self._recv(self.recv_timeout), "observation")
 
     def close(self) -> None:
         self._ws.close()
@@ -291,35 +262,38 @@ class AsyncSlotClient:
             raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
         self = cls(ws, recv_timeout)
         try:
-            self.metadata = _decode_frame(await self._recv(connect_timeout), "metadata")
-            await ws.send(packb({"claim": token}))
-            self.first_observation = _decode_frame(await self._recv(connect_timeout), "first observation")
+            self.metadata = read_frame(await self._recv(connect_timeout), "metadata")
+            await self._send(claim_frame(token))
+            self.first_observation = read_frame(await self._recv(connect_timeout), "first observation")
         except BaseException:
             await self.close()
             raise
         return self
 
     async def _recv(self, timeout: float) -> Any:
-        import asyncio
-
         try:
             async with asyncio.timeout(timeout):
                 return await self._ws.recv()
         except TimeoutError:
             raise BridgeError(f"bridge sent nothing for {timeout:g} s") from None
         except ConnectionClosed as exc:
-            raise _closed(exc) from None
+            raise closed_error(exc) from None
 
-    async def step(self, action: Any) -> dict[str, Any]:
+    async def _send(self, data: bytes) -> None:
         try:
-            await self._ws.send(_action_frame(action))
+            await self._ws.send(data)
         except ConnectionClosed as exc:
             try:
-                late = await self._recv(0.001)
-            except BridgeError as late_exc:
-                raise late_exc from None
-            raise BridgeError(late if isinstance(late, str) else str(_closed(exc))) from None
-        return _decode_frame(await self._recv(self.recv_timeout), "observation")
+                async with asyncio.timeout(0.001):  # already buffered, if the bridge sent it
+                    late: bytes | str | None = await self._ws.recv()
+            except (ConnectionClosed, TimeoutError):
+                late = None
+            raise send_error(exc, late) from None
+
+    async def step(self, action: Any) -> dict[str, Any]:
+        """Send one action (``[A]``), return the next observation frame."""
+        await self._send(action_frame(action))
+        return read_frame(await self._recv(self.recv_timeout), "observation")
 
     async def close(self) -> None:
         try:

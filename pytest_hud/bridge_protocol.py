@@ -1,0 +1,112 @@
+"""What a worker says to a bridge, and how it reads the answers, without I/O.
+
+The blocking and asyncio clients in :mod:`pytest_hud.client` share everything here, so the wording
+of every error a worker can see from a bridge lives in one place:
+
+- control channel: ``reset`` replies become :class:`Claim`; RPC failures become :class:`BridgeError`;
+- slot WebSocket (openpi/0): the claim frame, action frames, and reading metadata and observation
+  frames (a text frame is the bridge's own error message; anything but a map is refused);
+- a slot connection that closes: the bridge's last error frame if one is buffered, else a
+  "closed without an error frame" error (a client fails fast, never hangs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from websockets.exceptions import ConnectionClosed
+
+from .contract import Contract
+from .jsonrpc import RpcError
+from .wire import NotAMapError, TextFrameError, WireError, packb, unpack_map
+
+__all__ = [
+    "BridgeError",
+    "Claim",
+    "control_error",
+    "read_claim",
+    "read_contract",
+    "claim_frame",
+    "action_frame",
+    "read_frame",
+    "closed_error",
+    "send_error",
+]
+
+
+class BridgeError(RuntimeError):
+    """The bridge refused something, failed the slot, or went away. The message says which."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claimed slot: its token (for the WebSocket claim frame), index and prompt."""
+
+    token: str
+    slot: int
+    prompt: str | None = None
+
+
+# ------------------------------------------------------------ control channel
+def control_error(exc: RpcError) -> BridgeError:
+    """The bridge's RPC error as the worker sees it (the bridge's own message, unprefixed)."""
+    return BridgeError(exc.message)
+
+
+def read_claim(reply: Any) -> Claim:
+    """``reset``'s reply (``{"token", "slot", "prompt"}``) as a :class:`Claim`."""
+    try:
+        return Claim(reply["token"], int(reply["slot"]), reply.get("prompt"))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise BridgeError(
+            f"bridge answered reset() with {reply!r}; expected a map with token, slot and prompt"
+        ) from None
+
+
+def read_contract(reply: Any) -> Contract:
+    """``contract``'s reply as a :class:`~pytest_hud.contract.Contract`."""
+    return Contract.from_dict(reply)
+
+
+# ------------------------------------------------------------ slot WebSocket
+def claim_frame(token: str | None) -> bytes:
+    """The frame that binds a slot connection to a claim (None: the only claimed slot)."""
+    return packb({"claim": token})
+
+
+def action_frame(action: Any) -> bytes:
+    """One action ``[A]`` as the frame the bridge steps with."""
+    return packb({"actions": np.asarray(action)})
+
+
+def read_frame(raw: bytes | str, what: str) -> dict[str, Any]:
+    """A metadata or observation frame; ``what`` names it in the error."""
+    try:
+        return unpack_map(raw)
+    except TextFrameError as exc:
+        raise BridgeError(exc.text) from None  # the bridge's readable error, as it wrote it
+    except NotAMapError as exc:
+        raise BridgeError(f"bridge sent a {exc.got} as {what}, expected a map") from None
+    except WireError as exc:
+        raise BridgeError(f"bridge sent an undecodable {what}: {exc}") from None
+
+
+def closed_error(exc: ConnectionClosed) -> BridgeError:
+    """The slot connection closed with no error frame before it."""
+    rcvd = exc.rcvd
+    detail = f" (code {rcvd.code}: {rcvd.reason})" if rcvd is not None and rcvd.reason else ""
+    return BridgeError(f"bridge closed the slot connection without an error frame{detail}")
+
+
+def send_error(exc: ConnectionClosed, late: bytes | str | None) -> BridgeError:
+    """An action could not be sent because the connection closed.
+
+    The bridge fails a slot by sending a text frame and closing, and that may happen just before
+    our send: ``late`` is whatever message was still buffered (None if nothing was), and its text
+    is the real reason.
+    """
+    if isinstance(late, str):
+        return BridgeError(late)
+    return closed_error(exc)
