@@ -1,0 +1,228 @@
+"""The agent loop's core, driven by hand: no bridge, no sockets, just frames in and actions out."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pytest_hud.agent import episode_loop
+from pytest_hud.agent.episode_loop import EpisodeLoop, as_chunk, features, watchdog
+from pytest_hud.contract import Contract, Feature
+from pytest_hud.episode import EpisodeError
+
+CONTRACT = Contract(features={
+    "state": Feature("state", "observation", "state", "float32", (3,)),
+    "action": Feature("action", "action", "box", "float32", (2,)),
+})
+
+
+def frame(value: float = 0.0, terminated: bool = False, **extra) -> dict:
+    return {"state": np.full(3, value, np.float32), "terminated": terminated, **extra}
+
+
+class Chunker:
+    """A model that returns chunks of ``size`` actions numbered by call, and logs what it saw."""
+
+    def __init__(self, size: int = 1) -> None:
+        self.size = size
+        self.seen: list[tuple[dict, str | None]] = []
+
+    def predict(self, observation, prompt=None):
+        self.seen.append((observation, prompt))
+        call = len(self.seen)
+        # action k of call c is [c, k]: tests can tell which chunk an action came from
+        return np.array([[call, k] for k in range(self.size)], np.float32)
+
+
+def drive(loop: EpisodeLoop, frames: list[dict]) -> list[np.ndarray]:
+    """Run the loop as a shell would; the bridge answers each action with the next frame."""
+    sent = []
+    action = loop.begin(frames[0])
+    for next_frame in frames[1:]:
+        if action is None:
+            break
+        sent.append(action)
+        action = loop.observe(next_frame)
+    assert action is None, "the test ran out of frames before the loop stopped"
+    return sent
+
+
+def test_a_chunk_is_executed_open_loop_before_the_model_is_asked_again():
+    model = Chunker(size=3)
+    loop = EpisodeLoop(model, CONTRACT)
+    sent = drive(loop, [frame(i) for i in range(7)] + [frame(7, terminated=True)])
+    assert [a.tolist() for a in sent] == [
+        [1, 0], [1, 1], [1, 2], [2, 0], [2, 1], [2, 2], [3, 0],
+    ]
+    assert len(model.seen) == 3
+    # each plan sees the frame of the step it starts at
+    assert [float(obs["state"][0]) for obs, _ in model.seen] == [0.0, 3.0, 6.0]
+    assert loop.steps == 7
+
+
+def test_n_action_steps_cuts_each_chunk_and_replans_sooner():
+    model = Chunker(size=5)
+    loop = EpisodeLoop(model, CONTRACT, n_action_steps=2)
+    sent = drive(loop, [frame() for _ in range(5)] + [frame(terminated=True)])
+    assert [a.tolist() for a in sent] == [[1, 0], [1, 1], [2, 0], [2, 1], [3, 0]]
+    assert len(model.seen) == 3
+
+
+def test_max_steps_stops_the_agent_before_the_env_ends():
+    loop = EpisodeLoop(Chunker(size=4), CONTRACT, max_steps=3)
+    sent = drive(loop, [frame() for _ in range(10)])
+    assert len(sent) == 3 and loop.steps == 3
+
+
+def test_max_steps_zero_sends_nothing_and_never_asks_the_model():
+    model = Chunker()
+    loop = EpisodeLoop(model, CONTRACT, max_steps=0)
+    assert loop.begin(frame()) is None
+    assert model.seen == [] and loop.steps == 0
+
+
+def test_a_terminated_first_frame_ends_the_episode_without_an_action():
+    model = Chunker()
+    loop = EpisodeLoop(model, CONTRACT)
+    assert loop.begin(frame(terminated=True)) is None
+    assert model.seen == []
+
+
+def test_termination_wins_over_a_queued_chunk():
+    model = Chunker(size=10)
+    loop = EpisodeLoop(model, CONTRACT)
+    sent = drive(loop, [frame(), frame(), frame(terminated=True)])
+    assert len(sent) == 2 and len(loop.queue) == 8  # the rest of the chunk is never sent
+
+
+def test_should_stop_sees_features_and_the_step_count_and_stops_early():
+    calls = []
+
+    def should_stop(obs, step):
+        calls.append((sorted(obs), step))
+        return step == 2
+
+    loop = EpisodeLoop(Chunker(), CONTRACT, should_stop=should_stop)
+    sent = drive(loop, [frame(reward=1.0) for _ in range(10)])
+    assert len(sent) == 2
+    # reserved keys (terminated, reward) are not the model's features
+    assert calls == [(["state"], 0), (["state"], 1), (["state"], 2)]
+
+
+def test_the_model_gets_the_prompt_and_contract_features_only():
+    model = Chunker()
+    loop = EpisodeLoop(model, CONTRACT, prompt="reach the goal")
+    drive(loop, [frame(reward=0.5, success=False), frame(terminated=True)])
+    observation, prompt = model.seen[0]
+    assert sorted(observation) == ["state"] and prompt == "reach the goal"
+
+
+def test_observers_see_the_first_frame_and_every_step_with_its_planning_time():
+    events = []
+
+    class Recorder:
+        def on_start(self, episode, observation):
+            events.append(("start", episode, float(observation["state"][0])))
+
+        def on_step(self, action, observation, inference_s):
+            events.append(("step", action.tolist(), float(observation["state"][0]), inference_s))
+
+    class SlowChunker(Chunker):
+        def predict(self, observation, prompt=None):
+            time.sleep(0.01)
+            return super().predict(observation, prompt)
+
+    loop = EpisodeLoop(SlowChunker(size=2), CONTRACT, observers=[Recorder()], episode="ep")
+    drive(loop, [frame(0), frame(1), frame(2, terminated=True)])
+    assert events[0] == ("start", "ep", 0.0)
+    (_, a1, s1, t1), (_, a2, s2, t2) = events[1:]
+    assert (a1, s1, a2, s2) == ([1, 0], 1.0, [1, 1], 2.0)
+    assert t1 >= 0.01 and t2 == 0.0  # the second action came from the queue: no model time
+    assert loop.inference_s == t1
+
+
+def test_an_empty_chunk_is_an_episode_error():
+    class Empty:
+        def predict(self, observation, prompt=None):
+            return np.zeros((0, 2), np.float32)
+
+    loop = EpisodeLoop(Empty(), CONTRACT)
+    with pytest.raises(EpisodeError, match="empty action chunk"):
+        loop.begin(frame())
+
+
+def test_a_model_error_propagates_unchanged():
+    class Broken:
+        def predict(self, observation, prompt=None):
+            raise ValueError("weights missing")
+
+    loop = EpisodeLoop(Broken(), CONTRACT)
+    with pytest.raises(ValueError, match="weights missing"):
+        loop.begin(frame())
+
+
+def test_observe_before_an_action_was_sent_is_a_programming_error():
+    loop = EpisodeLoop(Chunker(), CONTRACT)
+    with pytest.raises(RuntimeError, match="before begin"):
+        loop.observe(frame())
+    assert loop.begin(frame(terminated=True)) is None
+    with pytest.raises(RuntimeError):
+        loop.observe(frame())  # the episode is over: there is no action in flight
+
+
+def test_the_first_plan_is_bounded_by_the_first_action_timeout_later_ones_by_the_step_timeout(monkeypatch):
+    bounds = []
+
+    @contextlib.contextmanager
+    def recording_watchdog(seconds, option):
+        bounds.append((seconds, option))
+        yield
+
+    monkeypatch.setattr(episode_loop, "watchdog", recording_watchdog)
+    loop = EpisodeLoop(Chunker(), CONTRACT, first_action_timeout=120.0, step_timeout=2.0)
+    drive(loop, [frame(), frame(), frame(terminated=True)])
+    # a margin over the bridge's own limits, so that the bridge's verdict arrives first
+    assert bounds == [(125.0, "--hud-first-action-timeout"), (7.0, "--hud-step-timeout")]
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread()
+    or signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None),
+    reason="the watchdog needs the main thread and a free SIGALRM",
+)
+def test_the_watchdog_interrupts_a_model_call_that_never_returns():
+    t0 = time.monotonic()
+    with pytest.raises(EpisodeError, match=r"did not answer within 0.05 s \(--hud-step-timeout plus a margin\)"):
+        with watchdog(0.05, "--hud-step-timeout"):
+            time.sleep(5)
+    assert time.monotonic() - t0 < 2
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL  # the handler is put back
+
+
+@pytest.mark.parametrize(
+    ("output", "shape"),
+    [
+        (np.zeros(2), (1, 2)),          # [A] is a chunk of one
+        (np.zeros((4, 2)), (4, 2)),     # [T, A] as is
+        ([0.5, 0.5], (1, 2)),           # lists are fine
+    ],
+)
+def test_as_chunk_normalises_model_output_to_time_first(output, shape):
+    assert as_chunk(output, CONTRACT).shape == shape
+
+
+def test_as_chunk_turns_a_discrete_scalar_into_a_chunk_of_one():
+    discrete = Contract(features={
+        "state": CONTRACT.features["state"],
+        "action": Feature("action", "action", "discrete", "int64", ()),
+    })
+    assert as_chunk(np.int64(1), discrete).shape == (1, 1)
+
+
+def test_features_drops_the_reserved_keys():
+    assert sorted(features(frame(reward=1.0, truncated=False, error=None))) == ["state"]
