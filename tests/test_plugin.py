@@ -283,8 +283,8 @@ def test_episode(shared_sim, robot_agent, seed):
 
 def test_fixtures_are_documented(project):
     result = run(project, "--fixtures", "-p", "no:xdist")
-    result.stdout.fnmatch_lines(["*shared_sim*", "*handle on the shared simulator bridge*",
-                                 "*robot_agent*", "*policy harness*"])
+    result.stdout.fnmatch_lines(["shared_sim -- *", "*handle on the shared simulator bridge*"])
+    result.stdout.fnmatch_lines(["robot_agent -- *", "*policy harness*"])
 
 
 def test_disabling_the_plugin_with_p_no_hud(project):

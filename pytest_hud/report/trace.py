@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,63 +48,14 @@ from typing import Any
 
 import numpy as np
 
+from .recorder import ArtefactNames, RecorderBase, episode_file_stem
+
 __all__ = ["TRACE_FORMAT", "ArtefactNames", "TraceRecorder", "episode_file_stem", "load_trace"]
 
 TRACE_FORMAT = "pytest-hud/trace/1"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 
 
-def episode_file_stem(task: str, episode: str, limit: int = 150) -> str:
-    """A file-system-safe stem ``<task>__<episode>`` for an episode's artefacts.
-
-    The test file's directories are dropped (the artefact directory already groups a run) and every
-    run of characters that is unsafe in file names on any OS becomes ``_``; long ids keep their end.
-
-        >>> episode_file_stem("evals/test_cartpole.py::test_balance[policy-a]", "7")
-        'test_cartpole.py__test_balance_policy-a___7'
-    """
-    path, sep, rest = task.partition("::")
-    short = path.rsplit("/", 1)[-1] + sep + rest if sep else task
-    stem = _UNSAFE.sub("_", short.replace("::", "__")) + "__" + _UNSAFE.sub("_", str(episode))
-    stem = stem.strip("._") or "episode"
-    return stem[-limit:]
-
-
-def _fallback_label(episode: Any) -> tuple[str, str]:
-    """A label for episodes run outside the plugin (no ``label_next``): ``episode`` and the seed."""
-    seed = getattr(episode, "seed", None)
-    return "episode", f"seed{seed}" if seed is not None else "noseed"
-
-
-class ArtefactNames:
-    """Unique artefact stems per recorder: the plugin's label for the next episode, else a fallback.
-
-    A rerun of the same episode in one process gets a ``-2`` suffix rather than overwriting the first
-    file (whose path already rode on a report); a file left by an earlier run is overwritten.
-    """
-
-    def __init__(self) -> None:
-        self._next: tuple[str, str] | None = None
-        self._used: set[str] = set()
-        self._lock = threading.Lock()
-
-    def set_next(self, task: str, episode: str) -> None:
-        self._next = (str(task), str(episode))
-
-    def take(self, episode: Any) -> tuple[str, str, str]:
-        with self._lock:
-            task, ep = self._next or _fallback_label(episode)
-            self._next = None
-            base = episode_file_stem(task, ep)
-            stem, n = base, 1
-            while stem in self._used:
-                n += 1
-                stem = f"{base}-{n}"
-            self._used.add(stem)
-            return task, ep, stem
-
-
-class TraceRecorder:
+class TraceRecorder(RecorderBase):
     """A :class:`~pytest_hud.agent.loop.StepObserver` that writes one ``.npz`` trace per episode.
 
     One episode at a time per recorder (the observer protocol does not say which episode a step

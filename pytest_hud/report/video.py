@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .trace import ArtefactNames
+from .recorder import ArtefactNames, safe_name
 
 __all__ = ["VideoMode", "VideoRecorder", "encode_mp4", "video_available"]
 
@@ -238,7 +238,7 @@ class VideoRecorder:
             if len(cams) == 1:
                 key, path = "video", self.directory / f"{stem}.mp4"
             else:
-                key, path = f"video/{name}", self.directory / f"{stem}__{_safe(name)}.mp4"
+                key, path = f"video/{name}", self.directory / f"{stem}__{safe_name(name, 'camera')}.mp4"
             artefacts[key] = str(path)
             self._submit(list(frames[name]), path)
         self.last_artefacts = artefacts
@@ -289,7 +289,3 @@ class VideoRecorder:
         if executor is not None:
             executor.shutdown(wait=done, cancel_futures=not done)
         return done
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "camera"

@@ -1,0 +1,301 @@
+"""The controller: owns the run's bridges, its pool service, its books and its results file.
+
+One :class:`HudController` per run, in the xdist controller (or the only process under ``-n 0``),
+created by the plugin once the run uses pytest-hud and stopped in ``pytest_unconfigure``. It wires
+the pieces cut by role, as pytest-xdist cuts ``dsession``/``workermanage``:
+
+- :class:`~pytest_hud.ledger.Ledger` (pure): declared episodes, records, coverage, sequential tests,
+  verdicts;
+- :class:`~pytest_hud.pool.SimPool` and :class:`~pytest_hud.pool.PoolService`: bridges and the
+  loopback service workers ask for them;
+- :class:`~pytest_hud.results.ResultsWriter`: one fsynced line per episode, opened on the first;
+- the reports: terminal (:mod:`~pytest_hud.report.terminal`), JUnit (:mod:`~pytest_hud.report.junit`),
+  ``$GITHUB_STEP_SUMMARY`` and HTML (:mod:`~pytest_hud.report`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .inputs import RunInputs
+from .ledger import Ledger
+from .provenance import provenance
+from .results import EpisodeRecord, ResultsWriter
+from .settings import HudSettings
+
+__all__ = ["HudController"]
+
+
+class HudController:
+    """Controller-side state of a run; a pytest plugin object (its hooks are the controller's)."""
+
+    def __init__(self, config: pytest.Config, settings: HudSettings, inputs: RunInputs,
+                 secret: str | None = None) -> None:
+        from .client import BridgeAddress
+        from .pool import BridgeSpec, PoolService, SimPool
+
+        self.config = config
+        self.settings = settings
+        self.workers = settings.workers
+        self.width = settings.slots
+        self.secret = secret or secrets.token_hex(16)
+        self.run_id = secrets.token_hex(8)
+        self.started = time.monotonic()
+        self.ledger = Ledger(inputs.gate_config, inputs.baseline, inputs.resumable,
+                             sequential=settings.sequential, gated_by_file=bool(settings.gate))
+        self.verdicts: list[Any] | None = None
+        self.other_failures = 0
+        self._last_progress = time.monotonic()
+        self.recording: dict[str, Any] | None = None
+
+        # Everything above only read; from here on the run has side effects (all inputs are valid).
+        self._lock = threading.Lock()
+        rootdir = str(config.rootpath)
+        invocation = str(config.invocation_params.dir)
+        attach = BridgeAddress.from_announce(settings.sim_url) if settings.sim_url else None
+        timeouts = settings.timeouts
+        spec = BridgeSpec(
+            width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
+            first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
+            vectorization=settings.vectorization, cwd=invocation,
+            python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
+        )
+        self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach)
+        self.service_host = "127.0.0.1"
+        self.service = PoolService(self.pool, self.secret, self.service_host,
+                                   extra_methods={"declare": self._declare, "sequential": self._sequential,
+                                                  "resume_lookup": self._resume_lookup})
+        self.provenance = provenance(settings, config.rootpath, list(config.invocation_params.args))
+        self._old_sigterm = _sigterm_as_interrupt()
+        self.results_path: Path | None = None
+        if settings.results:
+            self.results_path = config.invocation_params.dir / settings.results
+        self.writer: ResultsWriter | None = None  # opened with the first record: a run of nothing writes nothing
+
+    # ------------------------------------------------------------ plumbing
+    @property
+    def records(self) -> dict[str, EpisodeRecord]:
+        return self.ledger.records
+
+    def _write(self) -> ResultsWriter | None:
+        """The results file's writer, opened on first use (appending when resuming into the same file)."""
+        if self.writer is None and self.results_path is not None:
+            resume = self.settings.resume
+            resuming_here = bool(resume) and Path(resume).resolve() == self.results_path.resolve()
+            self.writer = ResultsWriter(self.results_path, self.provenance, self.run_id, append=resuming_here)
+        return self.writer
+
+    def workerinput(self) -> dict[str, Any]:
+        """What a worker needs to reach the pool (builtin types: it crosses the xdist channel)."""
+        return {"pool_host": self.service_host, "pool_port": self.service.port, "secret": self.secret,
+                "settings": self.settings.to_dict()}
+
+    def tasks(self):
+        return self.ledger.tasks(time.monotonic() - self.started)
+
+    def coverage(self) -> dict[str, Any]:
+        return self.ledger.coverage()
+
+    def html_summary(self):
+        return self.tasks(), self.verdict_dicts(), self.coverage()
+
+    def verdict_dicts(self) -> dict[str, dict[str, Any]] | None:
+        return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}
+
+    # ------------------------------------------------- the pool service's calls
+    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = ()) -> int:
+        with self._lock:
+            return self.ledger.declare(episodes, deselected)
+
+    def _resume_lookup(self, task: str, episode: str, identity: dict[str, Any]) -> dict[str, Any] | None:
+        return self.ledger.resume_lookup(task, episode, identity)
+
+    def _sequential(self, task: str) -> str:
+        with self._lock:
+            return self.ledger.decision(task)
+
+    # ---------------------------------------------------------------- hooks
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
+        from .worker import episode_teststatus
+
+        return episode_teststatus(report)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, "hud_episode", None)
+        if data:
+            worker = getattr(getattr(report, "node", None), "gateway", None)
+            record = EpisodeRecord.from_dict(data)
+            if worker is not None:
+                record.worker = worker.id
+            self._add(record)
+            return
+        if report.failed and not self.ledger.is_declared(report.nodeid):
+            self.other_failures += 1  # an ordinary test failed: the gate does not excuse that
+        if report.failed and report.when not in ("setup", "call", "teardown"):
+            # xdist's report for an item whose worker crashed mid-test ("???")
+            lines = str(report.longrepr).strip().splitlines()
+            record = self.ledger.crashed(report.nodeid, lines[0] if lines else "")
+            if record is not None:
+                self._add(record)
+                report.hud_episode = record.to_dict()  # counted as an error
+
+    def _add(self, record: EpisodeRecord) -> None:
+        if not record.reused:
+            record.finished_at = time.time()
+        with self._lock:
+            self.ledger.add(record)
+            writer = self._write()
+            if writer is not None:
+                writer.episode(record)
+        self._progress()
+
+    def _progress(self) -> None:
+        """Every few seconds, one line with each task's running success rate (controller side)."""
+        interval = self.settings.progress_interval or 0
+        now = time.monotonic()
+        if interval <= 0 or now - self._last_progress < interval:
+            return
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return
+        self._last_progress = now
+        declared = self.ledger.declared_by_task()
+        parts = []
+        for task, s in self.tasks().items():
+            rate = "-" if s.success_rate is None else f"{100 * s.success_rate:.0f}%"
+            done = s.n + s.errors + s.skipped
+            parts.append(f"{task.rsplit('::', 1)[-1]} {rate} ({done}/{declared.get(task, done)}"
+                         + (f", {s.errors} err" if s.errors else "") + ")")
+        # Start a fresh line (under xdist the dots row has no file path, so write_line alone would
+        # not) so pytest's own progress dots and percentages stay intact around ours.
+        if getattr(tr._tw, "width_of_current_line", 0):
+            tr._tw.line()
+        tr.write_line("hud progress: " + "; ".join(parts), cyan=True)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        from .gate import gate_passed
+        from .report.junit import add_gate_cases
+        from .session import worker_session
+
+        if session.config.option.collectonly:
+            return  # nothing ran: no verdicts, no files
+        in_process = worker_session(self.config)
+        if in_process is not None:
+            in_process.close_recorders()  # -n 0: this process recorded; finish before merging
+        if self.settings.record:
+            self._merge_recording()
+        self.verdicts = self.ledger.verdicts()
+        if self.verdicts is not None:
+            passed = gate_passed(self.verdicts) and not self.other_failures
+            if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+                # Failed episodes are data: the gate, not single episodes, decides the run.
+                session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
+            add_gate_cases(self.config, self.verdicts)
+        gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
+        if self.records or self.ledger.declared:
+            self._step_summary()
+            writer = self._write()
+            if writer is not None:
+                policies, sims = self.ledger.used()
+                writer.summary(self.tasks(), self.coverage(), dict(self.provenance, policies=policies, sims=sims),
+                               gate)
+            if self.settings.html:
+                from .report.html import write_standalone_page
+
+                write_standalone_page(self.settings.html, self.tasks(), list(self.records.values()),
+                                      verdicts=self.verdict_dicts(), coverage=self.coverage(),
+                                      title="pytest-hud report")
+
+    def _merge_recording(self) -> None:
+        """Merge every worker's dataset part into one LeRobot dataset (per feature set)."""
+        import warnings
+
+        from .record import RecordingWarning, merge_parts
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RecordingWarning)
+            try:
+                paths = merge_parts(self.settings.record)
+            except Exception as exc:  # noqa: BLE001 - a failed merge must not hide the results
+                self.recording = {"error": f"{type(exc).__name__}: {exc}", "datasets": []}
+                return
+        datasets = []
+        for path in paths:
+            try:
+                info = json.loads((Path(path) / "meta" / "info.json").read_text())
+            except (OSError, ValueError):
+                info = {}
+            datasets.append({"path": str(path), "episodes": info.get("total_episodes"),
+                             "frames": info.get("total_frames")})
+        self.recording = {"datasets": datasets, "warnings": [str(w.message) for w in caught]}
+
+    def _step_summary(self) -> None:
+        """Append the markdown summary to $GITHUB_STEP_SUMMARY (GitHub Actions' job page)."""
+        path = os.environ.get("GITHUB_STEP_SUMMARY")
+        if not path:
+            return
+        from .report.markdown import summary_markdown
+
+        text = summary_markdown(self.tasks(), self.verdict_dicts(), self.coverage(), title="pytest-hud results")
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(text.rstrip() + "\n\n")
+        except OSError as exc:
+            self.config.issue_config_time_warning(pytest.PytestWarning(f"cannot write $GITHUB_STEP_SUMMARY: {exc}"), 2)
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        s = self.settings
+        where = f"attached to {s.sim_url}" if s.sim_url else "bridges spawned on demand"
+        return [
+            f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} "
+            f"policy={s.policy or '(per test)'} ({where})",
+        ] + ([f"hud: results -> {self.results_path}"] if self.results_path else [])
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if not self.records and not self.ledger.declared:
+            return
+        from .report.terminal import write_summary
+
+        write_summary(terminalreporter, self.tasks(), self.verdicts, self.coverage(),
+                      results=str(self.writer.path) if self.writer is not None else None,
+                      recording=self.recording, baseline=self.settings.baseline,
+                      other_failures=self.other_failures)
+
+    def stop(self) -> None:
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+        self.service.close()
+        self.pool.stop_all()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _sigterm_as_interrupt():
+    """Make SIGTERM end the run like Ctrl-C, so teardown stops the pool and removes its secrets.
+
+    Returns the previous handler (None when not on the main thread or someone else handles it).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return None  # another tool manages SIGTERM: leave it alone
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    return previous

@@ -1,0 +1,55 @@
+"""The terminal's pytest-hud summary: the per-task table, coverage, recordings, the gate's verdicts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .table import summary_lines
+
+__all__ = ["write_summary"]
+
+
+def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None, coverage: Mapping[str, Any],
+                  *, results: str | None = None, recording: Mapping[str, Any] | None = None,
+                  baseline: str | None = None, other_failures: int = 0) -> None:
+    """Write the summary section with pytest's terminal reporter ``tr``."""
+    from ..gate import gate_passed, nothing_compared
+
+    tr.write_sep("=", "pytest-hud summary")
+    verdict_dicts = None if verdicts is None else {v.task: v.to_dict() for v in verdicts}
+    for line in summary_lines(tasks, verdict_dicts):
+        tr.write_line(line)
+    cov = coverage
+    text = (f"coverage: {cov['reported']}/{cov['declared']} declared episodes reported, "
+            f"{cov['graded']} graded, {cov['errors']} errors, {cov['skipped']} skipped")
+    if cov["missing"]:
+        text += f"; MISSING {len(cov['missing'])}: " + ", ".join(cov["missing"][:5])
+        tr.write_line(text, red=True, bold=True)
+    else:
+        tr.write_line(text, yellow=bool(cov["errors"]))
+    if results is not None:
+        tr.write_line(f"results: {results}")
+    if recording is not None:
+        for ds in recording["datasets"]:
+            tr.write_line(f"recorded: {ds['episodes']} episodes, {ds['frames']} frames -> {ds['path']} "
+                          "(LeRobot v3 dataset)")
+        for text in list(recording.get("warnings", [])) + ([recording["error"]] if recording.get("error") else []):
+            tr.write_line(f"recording: {text}", yellow=True)
+    if verdicts is None:
+        return
+    for v in verdicts:
+        if v.verdict != "pass":
+            tr.write_line(f"gate: {v.verdict.upper()} {v.task}: {v.reason}", red=v.failed, yellow=not v.failed)
+    ok = gate_passed(verdicts)
+    nothing = nothing_compared(verdicts)
+    if nothing:
+        tr.write_line(f"gate: {nothing}", red=True)
+    against = f" against {baseline}" if baseline else ""
+    kinds: dict[str, int] = {}
+    for v in verdicts:
+        kinds[v.verdict] = kinds.get(v.verdict, 0) + 1
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    tr.write_line(f"gate{against}: {'PASSED' if ok else 'FAILED'} ({counts})"
+                  + ("; other tests failed" if other_failures else ""),
+                  green=ok and not other_failures, red=not ok or bool(other_failures), bold=True)

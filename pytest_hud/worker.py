@@ -1,0 +1,247 @@
+"""The worker side of the plugin: the runtest hooks of a process that runs episodes.
+
+An xdist worker (or the only process under ``-n 0``) registers :class:`WorkerHooks` once the run
+uses pytest-hud. They declare the collected episodes to the controller, reuse resumed episodes,
+skip what the sequential gate has decided, attach every episode to its test's call phase, and put
+the episode's record (:mod:`pytest_hud.outcome`) on the test's report for the controller.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import __version__
+from .fixtures import hud_settings, item_settings
+from .outcome import classify, episode_identity, episode_record, skip_reason
+from .results import to_builtin
+from .session import EPISODES_KEY, SESSION_KEY, HudSession
+from .settings import HudSettings
+
+__all__ = ["EPISODE_FIXTURES", "LazyWorker", "WorkerHooks", "declaration", "episode_teststatus", "is_episode_item",
+           "item_identity", "start_worker"]
+
+EPISODE_FIXTURES = frozenset({"shared_sim", "robot_agent"})
+DESELECTED_KEY = pytest.StashKey[list]()
+
+
+def is_episode_item(item: pytest.Item) -> bool:
+    return bool(EPISODE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def uses_hud(items: list[pytest.Item]) -> bool:
+    return any(is_episode_item(item) or item.get_closest_marker("hud") is not None for item in items)
+
+
+def item_identity(item: pytest.Item) -> dict[str, Any]:
+    """Task, episode id and seed of a test item (see :func:`pytest_hud.outcome.episode_identity`)."""
+    callspec = getattr(item, "callspec", None)
+    return episode_identity(item.nodeid, callspec.params if callspec is not None else None,
+                            callspec.id if callspec is not None else None)
+
+
+def note_deselected(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash.setdefault(DESELECTED_KEY, []).extend(i for i in items if is_episode_item(i))
+
+
+def start_worker(config: pytest.Config, hud: dict[str, Any], worker: int | None = None) -> HudSession:
+    """Create this process's :class:`HudSession` from the controller's hand-off and register the hooks."""
+    if worker is None:
+        worker = int(str(config.workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
+    session = HudSession(hud.get("pool_host"), hud.get("pool_port"), hud["secret"], worker,
+                         HudSettings.from_dict(hud["settings"]), rendezvous=hud.get("rendezvous"))
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(WorkerHooks(config, session), "hud-worker")
+    return session
+
+
+def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | None:
+    """This run's episodes (after -k/-m deselection) and the deselected tasks, for the controller."""
+    if session.config.option.collectonly:
+        return None  # nothing will run: declare nothing, so nothing is written
+    declared = []
+    for item in session.items:
+        if is_episode_item(item):
+            ident = item_identity(item)
+            floor = item_settings(item, hud).min_success
+            if floor is not None:
+                ident["min_success"] = floor
+            declared.append(ident)
+    deselected = sorted({item_identity(i)["task"] for i in session.config.stash.get(DESELECTED_KEY, [])})
+    if not declared and not deselected:
+        return None
+    return {"episodes": declared, "worker": hud.worker, "deselected": deselected}
+
+
+def declare_episodes(session: pytest.Session, hud: HudSession | None) -> None:
+    """Declare this run's episodes so coverage has a true denominator."""
+    data = declaration(session, hud) if hud is not None else None
+    if data is not None:
+        hud.pool_call("declare", **data)
+
+
+def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
+    """What an episode's result depends on besides its seed: resume reuses only exact matches."""
+    from .agent.model import policy_content_hash
+
+    settings = item_settings(item, hud)
+    policy, cache = settings.policy, hud.policy_hashes
+    if policy not in cache:
+        try:
+            cache[policy] = policy_content_hash(policy) if policy else None
+        except Exception:  # noqa: BLE001 - an unhashable policy is simply never reused
+            cache[policy] = None
+    return {"plugin_version": __version__, "policy": policy, "policy_hash": cache[policy],
+            "sim": settings.sim, "build": settings.build,
+            "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps)}
+
+
+class LazyWorker:
+    """On an xdist worker of a run without hud settings: ask the controller for pytest-hud if needed.
+
+    See :class:`pytest_hud.plugin.LazyXdist` for the controller's half of the rendezvous.
+    """
+
+    def __init__(self, config: pytest.Config, hud: dict[str, Any]) -> None:
+        self.config, self.hud = config, hud
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        note_deselected(self.config, items)
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist tells the controller that collection finished
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not uses_hud(session.items):
+            return
+        rendezvous = Path(self.hud["rendezvous"])
+        rendezvous.mkdir(mode=0o700, exist_ok=True)
+        worker = str(self.config.workerinput.get("workerid", "gw0"))
+        (rendezvous / f"want-{worker}").touch(0o600)
+        hud = start_worker(self.config, self.hud)
+        # The pool's address appears once the controller has seen this collection: declare later,
+        # with the first call to the pool (declaring now would wait for an answer not yet possible).
+        hud.pending_declare = declaration(session, hud)
+
+
+class WorkerHooks:
+    """The runtest hooks of a process that runs episodes (an xdist worker, or the only process)."""
+
+    def __init__(self, config: pytest.Config, hud: HudSession) -> None:
+        self.config, self.hud = config, hud
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        note_deselected(self.config, items)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        declare_episodes(session, self.hud)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        hud = self.hud
+        if is_episode_item(item) and hud.settings.resume:
+            ident = item_identity(item)
+            record = hud.pool_call("resume_lookup", task=ident["task"], episode=ident["episode"],
+                                   identity=run_identity(item, hud))
+            if record:
+                _replay(item, record)
+                return True  # reported from the earlier run: pytest's own protocol does not run it
+        return None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """On workers: finish videos and dataset parts before xdist tells the controller we are done."""
+        if hasattr(session.config, "workerinput"):
+            self.hud.close_recorders()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        # Episodes belong to the test whose call phase runs them; outside it they are refused.
+        if is_episode_item(item):
+            ident = item_identity(item)
+            self.hud.label_recorders(ident["task"], ident["episode"])
+        self.hud.current_item = item
+        try:
+            return (yield)
+        finally:
+            self.hud.current_item = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if not self.hud.settings.sequential or not is_episode_item(item):
+            return
+        task = item_identity(item)["task"]
+        decision = self.hud.pool_call("sequential", task=task)
+        if decision and decision != "undecided":
+            pytest.skip(f"sequential gate already decided {task}: {decision}")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        # Users may record numpy scalars: make every property crossable by the xdist channel.
+        report.user_properties = [(str(k), to_builtin(v)) for k, v in report.user_properties]
+        if not is_episode_item(item):
+            return report
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            artefacts = self.hud.flush_recorders() if report.when == "call" else {}
+            record = self._record(item, call, report)
+            if artefacts and not record.get("artefacts"):
+                record["artefacts"] = artefacts  # an errored episode has no result to carry them
+            report.hud_episode = record
+            props = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
+                     "duration_s", "slot")
+            props = [(k, record[k]) for k in props if record.get(k) is not None]
+            report.user_properties.extend(props)
+            item.user_properties.extend(props)  # JUnit XML reads properties from the teardown report
+        return report
+
+    def _record(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> dict[str, Any]:
+        episodes = item.stash.get(EPISODES_KEY, [])
+        result = next((ep.result for ep in reversed(episodes) if ep.result is not None), None)
+        grade = next((ep.grade_data for ep in reversed(episodes) if ep.grade_data is not None), None)
+        bridge_error = (result.error if result is not None else None) or (grade or {}).get("error")
+        exc = call.excinfo.value if call.excinfo is not None else None
+        outcome = classify(when=report.when, passed=report.passed, skipped=report.skipped, exc=exc,
+                           bridge_error=bridge_error, failure_types=(AssertionError, pytest.fail.Exception))
+        return episode_record(
+            item_identity(item), outcome=outcome, identity=run_identity(item, self.hud),
+            worker=f"gw{self.hud.worker}" if hasattr(item.config, "workerinput") else "main",
+            duration_s=report.duration, exc=exc, bridge_error=bridge_error,
+            skipped_because=skip_reason(report.longrepr) if report.skipped else None, result=result, grade=grade)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
+        return episode_teststatus(report)
+
+
+def _replay(item: pytest.Item, record: dict[str, Any]) -> None:
+    """Report a reused episode with its recorded outcome, without running it."""
+    from _pytest.reports import TestReport
+
+    ihook = item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    record = dict(record, reused=True, nodeid=item.nodeid)
+    for when in ("setup", "call", "teardown"):
+        failed = when == "call" and record["outcome"] == "failed"
+        report = TestReport(
+            item.nodeid, item.location, {}, "failed" if failed else "passed",
+            "reused from an earlier run (--hud-resume): the episode failed there" if failed else None,
+            when, [], 0.0,
+            user_properties=[("reused", True)] if when == "call" else [],
+        )
+        if when == "call":
+            report.hud_episode = record
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+def is_episode_error(report: pytest.TestReport) -> bool:
+    data = getattr(report, "hud_episode", None)
+    return bool(data) and data.get("outcome") == "error" and report.failed
+
+
+def episode_teststatus(report: pytest.TestReport):
+    """A crash, timeout or sim error is an *error* (E), not a failed episode (F)."""
+    if is_episode_error(report) and report.when not in ("setup", "teardown"):  # call, or xdist's crash
+        return "error", "E", "ERROR"
+    return None

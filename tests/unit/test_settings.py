@@ -1,0 +1,67 @@
+"""Settings: one table, one precedence rule, derived timeouts; plain function calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_hud.settings import OPTIONS, HudSettings, SettingsError, Timeouts
+
+NONE = {name: None for name in OPTIONS}
+
+
+def build(cli=None, ini=None, **kw) -> HudSettings:
+    return HudSettings.build({**NONE, **(cli or {})}, {**NONE, **(ini or {})}, **kw)
+
+
+def test_defaults_come_from_the_one_table():
+    s = build()
+    for name, opt in OPTIONS.items():
+        assert getattr(s, name) == opt.default, name
+
+
+def test_command_line_beats_ini_and_ini_strings_are_converted():
+    s = build(cli={"step_timeout": 5.0}, ini={"step_timeout": "7", "boot_timeout": "60", "sequential": "true"})
+    assert s.step_timeout == 5.0 and s.boot_timeout == 60.0 and s.sequential is True
+
+
+@pytest.mark.parametrize("cli, ini, message", [
+    ({"width": 0}, {}, "--hud-width must be at least 1, got 0"),
+    ({}, {"step_timeout": "-1"}, "--hud-step-timeout must be positive"),
+    ({"video": "some"}, {}, "--hud-video must be none, failed or all, got 'some'"),
+    ({}, {"vectorization": "threads"}, "--hud-vectorization must be sync or async"),
+    ({}, {"width": "eight"}, "ini key hud_width = 'eight' is not a valid int"),
+    ({}, {"sequential": "maybe"}, "ini key hud_sequential = 'maybe' is not a boolean"),
+])
+def test_bad_values_name_the_option_and_what_it_accepts(cli, ini, message):
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build(cli=cli, ini=ini)
+
+
+def test_policy_on_the_command_line_beats_the_marker_which_beats_the_ini():
+    marks = {"policy": "marker:p", "sim": "marker:sim", "max_steps": 7}
+    assert build(ini={"policy": "ini:p"}).for_item(marks).policy == "marker:p"
+    assert build(cli={"policy": "cli:p"}, ini={"policy": "ini:p"}).for_item(marks).policy == "cli:p"
+    assert build(ini={"policy": "ini:p"}).for_item({}).policy == "ini:p"
+
+
+def test_the_marker_beats_the_options_for_sim_max_steps_build_and_floor():
+    s = build(cli={"sim": "cli:sim", "max_steps": 100})
+    item = s.for_item({"sim": "marker:sim", "max_steps": 7, "build": {"task": "a"}, "min_success": 0.5})
+    assert (item.sim, item.max_steps, item.build, item.min_success) == ("marker:sim", 7, {"task": "a"}, 0.5)
+    plain = s.for_item({})
+    assert (plain.sim, plain.max_steps, plain.build, plain.min_success) == ("cli:sim", 100, {}, None)
+
+
+def test_settings_cross_the_xdist_channel_as_builtins():
+    s = build(cli={"policy": "cli:p", "width": 4}, workers=8, distributed=True)
+    again = HudSettings.from_dict(s.to_dict())
+    assert again == s and again.slots == 4 and again.policy_cli == "cli:p"
+    assert build(workers=3).slots == 3
+
+
+def test_clients_always_wait_longer_than_the_bridge_they_wait_on():
+    t = build(cli={"first_action_timeout": 50.0, "step_timeout": 2.0, "boot_timeout": 10.0}).timeouts
+    assert t == Timeouts(boot=10.0, first_action=50.0, step=2.0)
+    assert t.recv > t.first_action + t.step
+    assert t.reset_wait > t.wait_slot
+    assert t.pool_call > t.boot
