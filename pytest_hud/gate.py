@@ -1,5 +1,7 @@
 """The CI gate: compare this run with a stored baseline, task by task, and give verdicts.
 
+(Over 400 lines on purpose: every rule of the gate, stated at the top and implemented below, plus the gate file's parser with its error messages.)
+
 Pure logic (no pytest, no I/O): the plugin turns results files into :class:`TaskOutcomes`, calls
 :func:`evaluate_gate`, and sets the exit status from :func:`gate_passed`.
 

@@ -1,5 +1,7 @@
 """Rollouts recorded as a LeRobot (v3) dataset: every episode's observations and executed actions.
 
+(Over 400 lines on purpose: the recorder and the merge of its parts share one on-disk layout, so they live together.)
+
     recorder = DatasetRecorder("rollouts/", worker_id="gw0")   # one per worker
     agent = Agent(model, observers=[recorder])
     recorder.label_next("evals/test_reach_act.py::test_reach", "7")  # the plugin does this per test

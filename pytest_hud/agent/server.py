@@ -1,5 +1,7 @@
 """``python -m pytest_hud.agent.server --policy SPEC``: one model copy serving many episodes.
 
+(Over 400 lines on purpose: the openpi protocol, the batching queue and the process entry point of one server, each small.)
+
 An openpi-compatible policy server that batches. Every connection gets a metadata frame first (the
 policy's own ``metadata`` dict, if it has one, plus ``{"server": "pytest-hud/policy/1",
 "batching": true, ...}``); then each binary msgpack observation frame (a map of feature arrays,

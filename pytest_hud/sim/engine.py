@@ -1,5 +1,7 @@
 """The bridge's rules without I/O: claims, ticks, holds, timeouts and failures of its slots.
 
+(Over 400 lines on purpose: every slot rule of the bridge in one pure class, so they are read and unit-tested together.)
+
 :class:`BridgeEngine` holds every slot (:mod:`.slots`) and decides what happens to it; :mod:`.server`
 only moves bytes (sockets, codec) and runs the sim calls the engine plans, on the main thread. Time
 is passed in (``now``: seconds on a monotonic clock), so every rule, timeouts included, is testable
