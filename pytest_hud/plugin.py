@@ -125,7 +125,9 @@ def _activate(config: pytest.Config, settings: HudSettings, inputs: RunInputs,
     if config.pluginmanager.hasplugin("html") and getattr(config.option, "htmlpath", None):
         from .report.pytest_html import HtmlReportHooks
 
-        config.pluginmanager.register(HtmlReportHooks(config, controller.html_summary), "hud-html")
+        html = HtmlReportHooks(config, controller.html_summary)
+        config.pluginmanager.register(html, "hud-html")
+        html.join_started_report()  # activated lazily: pytest-html built its header already
     if not _distributed(config):
         start_worker(config, controller.workerinput(), worker=0)
     return controller

@@ -256,6 +256,29 @@ def test_pytest_html_rows_keep_the_headers_column_count() -> None:
                         '<td class="col-hud_steps">15</td>', '<td class="col-hud_duration">1.50 s</td>']
 
 
+def test_pytest_html_columns_join_a_header_built_before_activation() -> None:
+    started = SimpleNamespace(_report=SimpleNamespace(running_state="started",
+                                                      table_header=["<th>Result</th>", "<th>Test</th>"]))
+    config = SimpleNamespace(getoption=lambda *a, **k: None,
+                             pluginmanager=SimpleNamespace(get_plugins=lambda: [object(), started]))
+    hooks = HtmlReportHooks(config)
+    hooks.join_started_report()
+    hooks.join_started_report()  # once only
+    assert len(started._report.table_header) == 2 + len(EPISODE_COLUMNS)
+    row = ["<td>r</td>", "<td>t</td>"]
+    hooks.pytest_html_results_table_row(SimpleNamespace(), row)
+    assert len(row) == len(started._report.table_header)
+
+
+def test_pytest_html_rows_stay_as_they_are_when_no_header_was_extended() -> None:
+    config = SimpleNamespace(getoption=lambda *a, **k: None, pluginmanager=SimpleNamespace(get_plugins=lambda: []))
+    hooks = HtmlReportHooks(config)
+    hooks.join_started_report()  # no started pytest-html report to join
+    row = ["<td>r</td>", "<td>t</td>"]
+    hooks.pytest_html_results_table_row(SimpleNamespace(hud_episode={"task": TASK}), row)
+    assert row == ["<td>r</td>", "<td>t</td>"]
+
+
 def test_video_extra_inlines_or_links_the_mp4(tmp_path: Path) -> None:
     video = tmp_path / "v" / "a b.mp4"
     video.parent.mkdir()

@@ -103,6 +103,18 @@ def test_the_standalone_page_lists_tasks_and_episodes(project):
     assert (project.path / "out" / "hud-videos").is_dir()  # videos go beside the page
 
 
+@pytest.mark.parametrize("mode", [("-n", "2"), ("-p", "no:xdist")], ids=["xdist", "no-xdist"])
+def test_pytest_html_gets_episode_columns_when_the_plugin_activates_after_session_start(project, mode):
+    """Only --html is given, so pytest-hud activates lazily, after pytest-html built its header."""
+    pytest.importorskip("pytest_html")
+    pytest.importorskip("av")
+    result = run(project, *mode, "--html=report.html")  # no hud option: lazy activation
+    result.assert_outcomes(passed=2, failed=2)
+    assert "INTERNALERROR" not in result.stdout.str()
+    page = (project.path / "report.html").read_text()
+    assert 'data-column-type="hud_task"' in page and "col-hud_seed" in page
+
+
 @needs_chromium
 def test_pytest_html_report_from_a_real_run_plays_the_failed_videos(project, browser):  # noqa: F811
     pytest.importorskip("pytest_html")

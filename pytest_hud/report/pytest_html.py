@@ -142,6 +142,23 @@ class HtmlReportHooks:
         self.video_wait_s = video_wait_s
         self._carriers: dict[str, Any] = {}
         self._gave_up_waiting = False
+        self._columns = False  # rows get episode cells only if the header got its columns
+
+    def join_started_report(self) -> None:
+        """Add the episode columns to a pytest-html header that was built before we were registered.
+
+        pytest-hud activates lazily (after collection, or when an xdist worker reports it), which
+        is after pytest-html's ``pytest_sessionstart`` asked for header cells. Rows must have as
+        many cells as the header, so if the started report can't be found the rows stay as they are.
+        """
+        if self._columns:
+            return
+        for plugin in self.config.pluginmanager.get_plugins():
+            report = getattr(plugin, "_report", None)
+            header = getattr(report, "table_header", None)
+            if getattr(report, "running_state", None) == "started" and isinstance(header, list):
+                self.pytest_html_results_table_header(header)
+                return
 
     # ------------------------------------------------------------ settings
     @property
@@ -161,8 +178,11 @@ class HtmlReportHooks:
         cells[_INSERT_AT:_INSERT_AT] = [
             f'<th class="sortable" data-column-type="{col}">{title}</th>' for col, title in EPISODE_COLUMNS
         ]
+        self._columns = True
 
     def pytest_html_results_table_row(self, report: Any, cells: list[str]) -> None:
+        if not self._columns:
+            return
         ep = getattr(report, "hud_episode", None)
         if not isinstance(ep, Mapping):
             ep = {}
