@@ -97,6 +97,10 @@ class Lease:
             self._last = time.monotonic()
 
     def close(self) -> None:
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
+        except OSError:
+            pass
         self._listener.close()
 
 
