@@ -126,12 +126,16 @@ def test_remote_policy_sends_its_key_and_says_what_to_do_without_one(keyed_serve
 
 
 def test_the_run_secret_is_the_default_key(tmp_path):
-    # The pool gives every child PYTEST_HUD_SECRET; a server it starts therefore requires the secret.
-    proc, announce = start_server(tmp_path, ECHO, env=server_env(PYTEST_HUD_SECRET="run-secret"))
+    # The pool gives every child PYTEST_HUD_SECRET; a server it starts therefore requires the secret,
+    # even when the user's environment holds a key of their own (the run's workers send the secret).
+    proc, announce = start_server(tmp_path, ECHO, env=server_env(PYTEST_HUD_SECRET="run-secret",
+                                                                 **{API_KEY_ENV: "users-own-key"}))
     try:
         url = announce["url"]
         with pytest.raises(RemotePolicyError, match="HTTP 401"):
             RemotePolicy(url, timeout=10, api_key="").connect()
+        with pytest.raises(RemotePolicyError, match="HTTP 403"):
+            RemotePolicy(url, timeout=10, api_key="users-own-key").connect()
         with RemotePolicy(url, timeout=10, api_key="run-secret") as policy:
             assert policy.connect()["server"] == "pytest-hud/policy/1"
     finally:
@@ -168,7 +172,8 @@ def test_balance(shared_sim, robot_agent, seed):
 
 
 @pytest.mark.timeout(240)
-def test_workers_reach_the_runs_keyed_policy_server(pytester: pytest.Pytester):
+def test_workers_reach_the_runs_keyed_policy_server(pytester: pytest.Pytester, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "a-key-for-some-other-server")  # must not confuse the run's own
     pytester.makepyfile(sims=PROJECT_SIMS, policies=PROJECT_POLICIES, test_served=PROJECT_TEST)
     pytester.makeini("[pytest]\nhud_sim = sims:cartpole\nhud_policy = policies:balance\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2",

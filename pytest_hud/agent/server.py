@@ -34,9 +34,9 @@ Which contract the policy is loaded for:
 HTTP on the same port: ``GET /healthz`` answers ``200 OK`` (as openpi's server does) and
 ``GET /stats`` a JSON object counting requests, forwards and batch sizes.
 
-A key: the server takes one from ``--api-key``, else the ``PYTEST_HUD_POLICY_KEY`` environment
-variable, else ``PYTEST_HUD_SECRET`` (the run secret, which pytest-hud's pool gives the servers it
-starts). With a key, every WebSocket handshake (and ``GET /stats``) must carry
+A key: the server takes one from ``--api-key``, else ``PYTEST_HUD_SECRET`` (the run secret, which
+pytest-hud sets only for the servers it starts, and which its workers send), else the
+``PYTEST_HUD_POLICY_KEY`` environment variable (a key of your own for a server you start). With a key, every WebSocket handshake (and ``GET /stats``) must carry
 ``Authorization: Api-Key KEY``, the header openpi-client's ``WebsocketClientPolicy(...,
 api_key=KEY)`` sends: none is answered ``401``, a wrong one ``403``; ``/healthz`` stays open for
 load balancers. Bound beyond loopback (``--host 0.0.0.0``, a LAN address), the server refuses to
@@ -525,7 +525,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parent-pid", type=int, default=None,
                    help="Exit when this process dies (default: the parent process)")
     p.add_argument("--api-key", default=None,
-                   help=f"Require this key from clients (default: ${API_KEY_ENV}, else ${SECRET_ENV}; "
+                   help=f"Require this key from clients (default: ${SECRET_ENV}, else ${API_KEY_ENV}; "
                         "required beyond loopback). Prefer the environment variable: ps shows arguments")
     return p.parse_args(argv)
 
@@ -577,9 +577,10 @@ def main(argv: list[str] | None = None) -> int:
         print("pytest-hud policy server: --batch-window-ms, --max-batch and --threads must be >= 0",
               file=sys.stderr)
         return 2
-    # The key: the flag, else ours, else the run secret the pool passes. Popped, so that nothing the
-    # policy starts inherits it.
-    keys = [os.environ.pop(API_KEY_ENV, None), os.environ.pop(SECRET_ENV, None)]
+    # The key: the flag, else the run secret a pytest-hud launcher passes (it beats a user's own key
+    # that happens to be in the environment: the run's workers send the secret), else the user's.
+    # Popped, so that nothing the policy starts inherits them.
+    keys = [os.environ.pop(SECRET_ENV, None), os.environ.pop(API_KEY_ENV, None)]
     args.api_key = args.api_key or next((key for key in keys if key), None)
     if args.api_key is None and (refusal := key_required_error(args.host)):
         print(f"pytest-hud policy server: {refusal}", file=sys.stderr)  # before loading a model
