@@ -147,6 +147,8 @@ class SimPool:
             known = self._servers.get(key)
             if known is not None and known[0].poll() is None:
                 return known[1]
+            # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
+            # API key when given none; workers send the secret (session.HudSession.agent).
             cmd = ["-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0"]
             files = None
             if contract:

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from .shard import Shard, parse_shard
+
 __all__ = ["OPTIONS", "Option", "SettingsError", "HudSettings", "ItemSettings", "Timeouts"]
 
 
@@ -70,6 +72,8 @@ OPTIONS: dict[str, Option] = {
     "policy_replicas": Option(int, 1, "Policy-server replicas (with --hud-policy-server); workers are spread over them"),
     "lease": Option(float, 10.0, "Seconds a bridge or policy server on a Ray node outlives silence from this run "
                     "(renewed four times as often)"),
+    "shard": Option(str, None, "Run only shard I of N of the suite's episodes (e.g. 2/4); combine the shards' "
+                               "results files with: python -m pytest_hud merge"),
 }
 
 #: What a Ray-placed bridge or policy server reserves when its option is not given.
@@ -174,6 +178,7 @@ class HudSettings:
     policy_resources: str | None = None
     policy_replicas: int = 1
     lease: float = 10.0
+    shard: str | None = None  # "I/N"; see pytest_hud.shard
     # Not options: facts of the run, set by the controller.
     policy_cli: str | None = None  # --hud-policy as given on the command line (beats the marker)
     workers: int = 1
@@ -220,12 +225,24 @@ class HudSettings:
             raise SettingsError("--hud-ray needs an address: 'auto', 'ray://HOST:10001' or HOST:PORT")
         if self.ray and self.sim_url:
             raise SettingsError("--hud-ray and --hud-sim-url both say where the bridge is: pass one of them")
+        if self.shard is not None:
+            self.shard_spec  # noqa: B018 - raises SettingsError for a bad I/N
 
     @property
     def resources(self) -> dict[str, dict[str, float]]:
         """What each Ray-placed bridge and policy-server replica reserves."""
         return {"bridge": parse_resources(self.bridge_resources, flag("bridge_resources")),
                 "policy": parse_resources(self.policy_resources, flag("policy_resources"))}
+
+    @property
+    def shard_spec(self) -> Shard | None:
+        """``--hud-shard`` parsed (None: the whole suite)."""
+        if self.shard is None:
+            return None
+        try:
+            return parse_shard(self.shard)
+        except ValueError as exc:
+            raise SettingsError(f"{exc} (ini key: hud_shard)") from None
 
     @property
     def slots(self) -> int:
