@@ -312,7 +312,7 @@ def _launcher(settings: HudSettings, spec: Any) -> Any:
                                policy_resources=resources["policy"], lease=settings.lease, cwd=spec.cwd,
                                python_path=spec.python_path)
         if os.environ.get(BRIDGES_ENV) or os.environ.get(POLICY_SERVERS_ENV):
-            return StaticLauncher()
+            return StaticLauncher(cwd=spec.cwd)
     except LaunchError as exc:
         raise pytest.UsageError(str(exc)) from None
     return None

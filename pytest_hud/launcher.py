@@ -245,29 +245,45 @@ class StaticLauncher:
 
     Bridges come from :data:`BRIDGES_ENV`, policy servers (``ws://host:port`` URLs) from
     :data:`POLICY_SERVERS_ENV`. The n-th launch of a role gets the n-th endpoint; running out is an
-    error naming the variable to extend.
+    error naming the variable to extend. A role with no endpoint listed at all is started locally
+    (list only policy servers, say, and bridges are children of the controller as usual).
     """
 
     remote = True
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, environ: Mapping[str, str] | None = None, host: str = "127.0.0.1",
+                 cwd: str | None = None) -> None:
         environ = os.environ if environ is None else environ
         secret = environ.get("PYTEST_HUD_SECRET")
         self.endpoints = {
             "bridge": parse_endpoints(environ.get(BRIDGES_ENV, ""), secret),
-            "policy": [{"url": url.strip(), "host": url.strip().split("//")[-1].rsplit(":", 1)[0]}
+            # Servers started by an operator have the operator's key (PYTEST_HUD_POLICY_KEY), not this run's secret.
+            "policy": [{"url": url.strip(), "host": url.strip().split("//")[-1].rsplit(":", 1)[0],
+                        "key": environ.get("PYTEST_HUD_POLICY_KEY") or None}
                        for url in environ.get(POLICY_SERVERS_ENV, "").split(",") if url.strip()],
         }
         self._used = {"bridge": 0, "policy": 0}
         self._lock = threading.Lock()
+        self._local_dir: Path | None = None
+        self.local = LocalLauncher(self._workdir, host, cwd)  # for roles with nothing listed
+
+    def _workdir(self) -> Path:
+        with self._lock:
+            if self._local_dir is None:
+                import tempfile
+
+                self._local_dir = Path(tempfile.mkdtemp(prefix="pytest-hud-"))  # 0700
+            return self._local_dir
 
     def describe(self) -> str:
         return (f"static endpoints: {len(self.endpoints['bridge'])} bridge(s) from ${BRIDGES_ENV}, "
                 f"{len(self.endpoints['policy'])} policy server(s) from ${POLICY_SERVERS_ENV}")
 
     def launch(self, cmd: list[str], what: str, *, role: str, env: Mapping[str, str], timeout: float,
-               files: Mapping[str, str] | None = None) -> StaticService:
+               files: Mapping[str, str] | None = None) -> Service:
         variable = BRIDGES_ENV if role == "bridge" else POLICY_SERVERS_ENV
+        if not self.endpoints.get(role):
+            return self.local.launch(cmd, what, role=role, env=env, timeout=timeout, files=files)
         with self._lock:
             listed = self.endpoints.get(role, [])
             n = self._used.get(role, 0)
@@ -278,4 +294,8 @@ class StaticLauncher:
         return StaticService(dict(listed[n]), variable)
 
     def close(self, timeout: float = 5.0) -> None:
-        pass
+        self.local.close(timeout)
+        if self._local_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._local_dir, ignore_errors=True)

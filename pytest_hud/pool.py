@@ -158,9 +158,9 @@ class SimPool:
             service = self._launch(cmd, f"policy server for {spec!r}", "policy", files)
             data = service.announce
             url = data.get("url") or f"ws://{data.get('host', self.spec.host)}:{data['ws']}"
-            if self.launcher.remote and data.get("host"):
-                url = f"ws://{data['host']}:{data['ws']}"  # the node's address, not what it bound
             reply = {"url": url, "node": service.node, "host": data.get("host"), "replica": replica}
+            if data.get("key"):
+                reply["key"] = data["key"]  # a server this run did not start: its own key, not the secret
             self._servers[key] = (service, reply)
             return reply
 

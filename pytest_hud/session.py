@@ -148,7 +148,8 @@ class HudSession:
                 place = reply if isinstance(reply, dict) else {"url": reply}
                 self.policy_places[policy] = place
                 spec = place["url"]
-                served["api_key"] = self.secret  # the pool starts its policy servers keyed with the run secret
+                # The pool starts its policy servers keyed with the run secret (listed ones bring their key).
+                served["api_key"] = place.get("key") or self.secret
             try:
                 model = load_policy(spec, contract, n_action_steps=self.settings.n_action_steps,
                                     timeout=self.settings.first_action_timeout,

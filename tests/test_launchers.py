@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -187,3 +188,34 @@ def test_ray_resources_without_hud_ray_are_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--hud-bridge-resources", '{"sim": 1}')
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--hud-bridge-resources places services on a Ray cluster: add --hud-ray ADDRESS*"])
+
+
+@pytest.mark.slow
+def test_a_run_uses_a_listed_policy_server_with_its_own_key(pytester, tmp_path):
+    from policykit import REPO
+
+    announce = tmp_path / "policy.json"
+    server, _ = launch([sys.executable, "-m", "pytest_hud.agent.server", "--policy", "tests/ray/sleepy.py:parity",
+                        "--port", "0", "--announce", str(announce)], tmp_path, "policy server", cwd=REPO,
+                       env=dict(os.environ, PYTEST_HUD_POLICY_KEY="operator-key"))
+    try:
+        url = json.loads(announce.read_text())["url"]
+        pytester.makepyfile(test_suite=SUITE, pols=POLICY)
+        os.environ.update(PYTEST_HUD_POLICY_SERVERS=url, PYTEST_HUD_POLICY_KEY="operator-key")
+        try:
+            result = pytester.runpytest_subprocess("-n", "2", "--hud-width", "2", "--hud-policy-server",
+                                                   "--hud-results", "r.jsonl")
+        finally:
+            del os.environ["PYTEST_HUD_POLICY_SERVERS"], os.environ["PYTEST_HUD_POLICY_KEY"]
+        result.assert_outcomes(passed=4)
+        records = load_results(pytester.path / "r.jsonl").episodes
+        assert {r.extra.get("policy_host") for r in records} == {"127.0.0.1"}
+        request = urllib.request.Request(url.replace("ws://", "http://") + "/stats",
+                                         headers={"Authorization": "Api-Key operator-key"})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            stats = json.loads(reply.read())
+        assert stats["requests"] >= 4 * 3, stats  # every step of every episode asked this server
+        assert server.poll() is None  # not ours to stop
+    finally:
+        server.kill()
+        server.wait(10)

@@ -69,4 +69,4 @@ def test_a_static_launcher_hands_out_endpoints_in_turn_then_says_which_variable_
     with pytest.raises(LaunchError, match=r"endpoint #3 but \$PYTEST_HUD_BRIDGES lists 2"):
         launcher.launch([], "bridge", **launch)
     policy = launcher.launch([], "policy server", role="policy", env={}, timeout=1.0)
-    assert policy.announce == {"url": "ws://gpu1:8000", "host": "gpu1"} and policy.poll() is None
+    assert policy.announce == {"url": "ws://gpu1:8000", "host": "gpu1", "key": None} and policy.poll() is None
