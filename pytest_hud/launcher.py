@@ -122,9 +122,10 @@ class LocalLauncher:
             self._count += 1
             stem = f"{role}-{self._count}"
         directory = workdir / stem
-        directory.mkdir(mode=0o700)
-        for name, text in (files or {}).items():
-            (directory / name).write_text(text)
+        if files or any("{dir}" in arg for arg in cmd):
+            directory.mkdir(mode=0o700)
+            for name, text in (files or {}).items():
+                (directory / name).write_text(text)
         announce, log = workdir / f"{stem}.json", workdir / f"{stem}.log"
         full = [sys.executable, *fill(cmd, str(directory)), "--announce", str(announce), "--host", self.host,
                 "--parent-pid", str(os.getpid())]

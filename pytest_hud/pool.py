@@ -154,7 +154,6 @@ class SimPool:
             if contract:
                 files = {"contract.json": json.dumps(contract)}
                 cmd += ["--contract", "{dir}/contract.json"]
-            # Hook for the policy server's API key (beyond loopback): see agent/server.py.
             service = self._launch(cmd, f"policy server for {spec!r}", "policy", files)
             data = service.announce
             url = data.get("url") or f"ws://{data.get('host', self.spec.host)}:{data['ws']}"
