@@ -5,7 +5,7 @@ One module-scoped ``ray.cluster_utils.Cluster``: a head without custom resources
 subprocess (the controller is the Ray driver) and checks what Ray placed from node ids, what the
 results file says, and which processes are left. The tests that destroy nodes run last.
 
-Run with ``tox -e ray`` (or ``pytest tests/ray``); skipped where Ray is not installed.
+Run with ``tox -e ray`` (or ``pytest tests/cluster``); skipped where Ray is not installed.
 """
 
 from __future__ import annotations
