@@ -22,8 +22,10 @@ Ray is imported only when a run passes ``--hud-ray`` (this module is never impor
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +43,31 @@ __all__ = ["RayLauncher", "RayService", "ServiceActor"]
 #: How long an actor outlives its exited child before ending its own process (the driver kills it
 #: sooner; this covers a node whose raylet died, where nobody can).
 ACTOR_GRACE_S = 5.0
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> str | None:
+    """The host of a ``HOST:PORT`` or ``ray://HOST:PORT`` address, once something answers there.
+
+    ``ray.init`` retries a dead address for minutes; this fails in seconds with the fix. ``auto``
+    (and other addresses without a port) are left to Ray, which answers those quickly.
+    """
+    target = address[len("ray://"):] if address.startswith("ray://") else address
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise LaunchError(f"--hud-ray {address}: nothing answers at {host}:{port} ({exc}). Is the cluster up? "
+                          "'ray status' on its head node prints the address to pass") from None
+    return host.strip("[]")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
@@ -146,6 +173,11 @@ class RayLauncher:
     def __init__(self, address: str, *, bridge_resources: Mapping[str, float],
                  policy_resources: Mapping[str, float], lease: float = 10.0, cwd: str | None = None,
                  python_path: list[str] | None = None) -> None:
+        host = check_reachable(address)
+        if host is not None and is_loopback(host):
+            # A cluster on this host's loopback: without this, ray.init dials the machine's external
+            # address and hangs.
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
             import ray
         except ImportError:

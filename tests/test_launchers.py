@@ -219,3 +219,16 @@ def test_a_run_uses_a_listed_policy_server_with_its_own_key(pytester, tmp_path):
     finally:
         server.kill()
         server.wait(10)
+
+
+def test_hud_ray_at_an_address_where_nothing_answers_fails_fast_with_the_fix(pytester):
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pytester.makeconftest("import sys\nsys.modules['ray'] = None  # never reached: the address is checked first\n")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("--hud-ray", f"127.0.0.1:{port}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"nothing answers at 127.0.0.1:{port}" in result.stderr.str()
