@@ -225,6 +225,10 @@ class HudSettings:
             raise SettingsError("--hud-ray needs an address: 'auto', 'ray://HOST:10001' or HOST:PORT")
         if self.ray and self.sim_url:
             raise SettingsError("--hud-ray and --hud-sim-url both say where the bridge is: pass one of them")
+        if not self.policy_server and (self.policy_replicas > 1 or self.policy_resources is not None):
+            given = "--hud-policy-replicas" if self.policy_replicas > 1 else "--hud-policy-resources"
+            raise SettingsError(f"{given} is about policy servers: add --hud-policy-server "
+                                "(without it each worker loads the policy itself)")
         if self.shard is not None:
             self.shard_spec  # noqa: B018 - raises SettingsError for a bad I/N
 

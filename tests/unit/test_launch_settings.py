@@ -13,7 +13,8 @@ def build(**cli):
 
 
 def test_resources_default_to_one_cpu_and_read_custom_ones():
-    settings = build(ray="auto", bridge_resources='{"CPU": 2, "sim": 1}', policy_resources='{"GPU": 1}')
+    settings = build(ray="auto", bridge_resources='{"CPU": 2, "sim": 1}', policy_resources='{"GPU": 1}',
+                     policy_server=True)
     assert settings.resources == {"bridge": {"CPU": 2.0, "sim": 1.0}, "policy": {"GPU": 1.0}}
     assert build(ray="auto").resources == {"bridge": {"CPU": 1.0}, "policy": {"CPU": 1.0}}
 
@@ -44,7 +45,14 @@ def test_replicas_and_lease_are_checked():
         build(policy_replicas=0)
     with pytest.raises(SettingsError, match="--hud-lease must be positive"):
         build(lease=0)
-    assert build(policy_replicas=3, lease=2.5).policy_replicas == 3
+    assert build(policy_server=True, policy_replicas=3, lease=2.5).policy_replicas == 3
+
+
+def test_policy_server_options_without_a_policy_server_are_refused():
+    with pytest.raises(SettingsError, match="--hud-policy-replicas is about policy servers: add --hud-policy-server"):
+        build(policy_replicas=2)
+    with pytest.raises(SettingsError, match="--hud-policy-resources is about policy servers"):
+        build(ray="auto", policy_resources='{"GPU": 1}')
 
 
 def test_parse_resources_default():
