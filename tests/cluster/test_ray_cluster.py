@@ -95,12 +95,13 @@ def run(suite: Path, tmp_path: Path, *args: str, **env: str) -> tuple[subprocess
     return proc, episodes(tmp_path / "results.jsonl")
 
 
-def eventually(condition, timeout: float, what: str) -> None:
+def eventually(condition, timeout: float, what: str):
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not (value := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout:.0f} s: {what}")
         time.sleep(0.1)
+    return value
 
 
 def placed_processes() -> dict[int, str]:
@@ -211,11 +212,15 @@ def test_sigkill_of_the_controller_leaves_no_actor_bridge_or_policy_server(nodes
                      HUD_SUITE_LENGTH="40", HUD_SUITE_SLEEP_MS="25")
     try:
         eventually(lambda: len(episodes(tmp_path / "results.jsonl")) >= 1, 180, "an episode finished")
-        before = placed_processes()
-        kinds = list(before.values())
-        assert kinds.count("actor") == 3, before  # one bridge, two policy replicas
-        assert sum("pytest_hud.sim" in k for k in kinds) == 1, before
-        assert sum("pytest_hud.agent.server" in k for k in kinds) == 2, before
+
+        def all_placed() -> dict[int, str]:  # one bridge, two policy replicas (one per worker), their actors
+            found = placed_processes()
+            kinds = list(found.values())
+            complete = (kinds.count("actor") == 3 and sum("pytest_hud.sim" in k for k in kinds) == 1
+                        and sum("pytest_hud.agent.server" in k for k in kinds) == 2)
+            return found if complete else {}
+
+        before = eventually(all_placed, 120, "a bridge, two policy replicas and their three actors")
         os.kill(proc.pid, signal.SIGKILL)
         eventually(lambda: not alive(before), 30, f"placed processes gone; left: {alive(before)}")
     finally:
