@@ -67,7 +67,8 @@ class HudController:
         spec = BridgeSpec(
             width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
             first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
-            vectorization=settings.vectorization, cwd=invocation,
+            vectorization=settings.vectorization, tick=settings.tick, tick_window=settings.tick_window,
+            cwd=invocation,
             python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
         )
         self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach)
@@ -260,7 +261,7 @@ class HudController:
         s = self.settings
         where = f"attached to {s.sim_url}" if s.sim_url else "bridges spawned on demand"
         return [
-            f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} "
+            f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} tick={s.tick} "
             f"policy={s.policy or '(per test)'} ({where})",
         ] + ([f"hud: results -> {self.results_path}"] if self.results_path else [])
 

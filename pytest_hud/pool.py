@@ -49,6 +49,8 @@ class BridgeSpec:
     first_action_timeout: float = 300.0
     step_timeout: float = 30.0
     vectorization: str = "sync"
+    tick: str = "auto"
+    tick_window: float = 0.002
     host: str = "127.0.0.1"
     cwd: str | None = None
     python_path: list[str] = field(default_factory=list)
@@ -197,6 +199,8 @@ class SimPool:
             "--announce", str(announce),
             "--host", spec.host,
             "--vectorization", spec.vectorization,
+            "--tick", spec.tick,
+            "--tick-window", repr(spec.tick_window),
             "--build-args", json.dumps(build),
             "--claim-timeout", str(spec.claim_timeout),
             "--first-action-timeout", str(spec.first_action_timeout),

@@ -176,13 +176,14 @@ def _per_episode(path) -> dict:
             for r in load_results(path).episodes}
 
 
-def test_per_episode_results_are_identical_under_any_workers_and_width(project):
+def test_per_episode_results_are_identical_under_any_workers_width_and_tick_mode(project):
     project.makepyfile(test_det=DETERMINISM)
-    runs = {
+    runs = {  # one env per slot: auto ticks in ready mode
         "n0": ["-p", "no:xdist"],
+        "n0-lockstep": ["-p", "no:xdist", "--hud-tick=lockstep"],
         "n2w2": ["-n", "2", "--hud-width=2"],
-        "n4w2": ["-n", "4", "--hud-width=2"],
-        "n4w4": ["-n", "4", "--hud-width=4"],
+        "n4w2-lockstep": ["-n", "4", "--hud-width=2", "--hud-tick=lockstep"],
+        "n4w4-ready": ["-n", "4", "--hud-width=4", "--hud-tick=ready", "--hud-tick-window=0"],
     }
     seen = {}
     for name, args in runs.items():
