@@ -50,7 +50,7 @@ class BridgeSpec:
     step_timeout: float = 30.0
     vectorization: str = "sync"
     tick: str = "auto"
-    tick_window: float = 0.002
+    tick_window: float = 0.001  # settings.OPTIONS["tick_window"]
     host: str = "127.0.0.1"
     cwd: str | None = None
     python_path: list[str] = field(default_factory=list)

@@ -51,7 +51,7 @@ OPTIONS: dict[str, Option] = {
     "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
                    "(the slots whose actions are in; independent envs only) or auto (ready where the sim "
                    "supports it)", ("auto", "lockstep", "ready")),
-    "tick_window": Option(float, 0.002, "Ready mode: seconds a tick waits for more actions after the first one arrives"),
+    "tick_window": Option(float, 0.001, "Ready mode: seconds a tick waits for more actions after the first one arrives"),
     "baseline": Option(str, None, "Gate against this results file from an earlier run (the last good checkpoint)"),
     "gate": Option(str, None, "YAML gate file: alpha, max_drop, min_coverage, per-task min_success floors"),
     "alpha": Option(float, None, "Family-wise false-alarm rate of the gate across tasks (default 0.05)"),
@@ -150,7 +150,7 @@ class HudSettings:
     policy_server: bool = False
     vectorization: str = "sync"
     tick: str = "auto"
-    tick_window: float = 0.002
+    tick_window: float = 0.001
     baseline: str | None = None
     gate: str | None = None
     alpha: float | None = None

@@ -19,7 +19,7 @@ import threading
 
 from ..announce import parent_alive, write_announce
 from .mainthread import MainThreadExecutor
-from .engine import TICK_MODES, resolve_tick
+from .engine import DEFAULT_TICK_WINDOW, TICK_MODES, resolve_tick
 from .server import BridgeServer, Timeouts
 from .target import TargetError, load_sim
 
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tick", choices=TICK_MODES, default="auto",
                    help="auto: ready where the slots are independent envs, else lockstep; lockstep: step "
                         "when every episode has acted; ready: step the slots whose actions are in")
-    p.add_argument("--tick-window", type=float, default=0.002,
+    p.add_argument("--tick-window", type=float, default=DEFAULT_TICK_WINDOW,
                    help="Ready mode: seconds a tick waits for more actions after the first one arrives")
     p.add_argument("--claim-timeout", type=float, default=30.0, help="Seconds to send the claim frame")
     p.add_argument("--first-action-timeout", type=float, default=300.0,

@@ -47,10 +47,13 @@ from .failures import (ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTi
                        NoFirstObservation, SimFailed, SlotError, SlotFailure, SlotReleased, TaskError)
 from .slots import Slot, SlotState
 
-__all__ = ["TICK_MODES", "Timeouts", "Handshake", "ResetPlan", "TickPlan", "BridgeEngine", "resolve_tick"]
+__all__ = ["TICK_MODES", "DEFAULT_TICK_WINDOW", "Timeouts", "Handshake", "ResetPlan", "TickPlan", "BridgeEngine", "resolve_tick"]
 
 #: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the other two.
 TICK_MODES = ("auto", "lockstep", "ready")
+#: Ready mode's default window (seconds): long enough that agents answering one tick's frames
+#: together land in one step, short next to a policy's milliseconds (``benchmarks/stragglers.py``).
+DEFAULT_TICK_WINDOW = 0.001
 
 
 def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool) -> str:
@@ -122,7 +125,7 @@ class BridgeEngine:
     def __init__(self, width: int, contract: Contract, hold_action: Any, *, hold: str = "zeros",
                  wave: bool = False, timeouts: Timeouts | None = None,
                  build_args: dict[str, Any] | None = None, tick: str = "lockstep",
-                 tick_window: float = 0.002) -> None:
+                 tick_window: float = DEFAULT_TICK_WINDOW) -> None:
         if width < 1:
             raise ValueError(f"width must be at least 1, got {width}")
         if hold not in ("zeros", "repeat"):

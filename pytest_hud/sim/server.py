@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
 from .base import VectorSim
-from .engine import BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
+from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
 from .failures import BadAction, BadClaim, NoFirstObservation, SimFailed, SlotError, SlotFailure, TaskError
 from .slots import Slot, SlotState
 
@@ -53,7 +53,7 @@ class BridgeServer:
         target: str = "",
         wave_gather_s: float = 0.05,
         tick: str = "auto",
-        tick_window: float = 0.002,
+        tick_window: float = DEFAULT_TICK_WINDOW,
     ) -> None:
         self.sim = sim
         self._submit = submit
