@@ -114,9 +114,22 @@ class HudController:
         return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}
 
     # ------------------------------------------------- the pool service's calls
-    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = ()) -> int:
+    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = (),
+                 shard: dict[str, Any] | None = None) -> int:
         with self._lock:
-            return self.ledger.declare(episodes, deselected)
+            count = self.ledger.declare(episodes, deselected, shard)
+            if shard is not None and "shard" not in self.provenance:
+                # Declared before any episode lands, so the results file's header carries it.
+                from .shard import suite_fingerprint
+
+                suite = self.ledger.shard["suite"]
+                self.provenance["shard"] = {
+                    "index": self.ledger.shard["index"], "count": self.ledger.shard["count"],
+                    "episodes": len(self.ledger.declared),
+                    "suite": {"episodes": sum(map(len, suite.values())), "fingerprint": suite_fingerprint(suite),
+                              "tasks": suite},
+                }
+            return count
 
     def _resume_lookup(self, task: str, episode: str, identity: dict[str, Any]) -> dict[str, Any] | None:
         return self.ledger.resume_lookup(task, episode, identity)
@@ -206,7 +219,8 @@ class HudController:
                 session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
             add_gate_cases(self.config, self.verdicts)
         gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
-        if self.records or self.ledger.declared:
+        if self.records or self.ledger.declared or self.ledger.shard is not None:
+            # (A shard with no episodes of its own still writes its file: the merge expects it.)
             self._step_summary()
             writer = self._write()
             if writer is not None:
@@ -263,7 +277,8 @@ class HudController:
         return [
             f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} tick={s.tick} "
             f"policy={s.policy or '(per test)'} ({where})",
-        ] + ([f"hud: results -> {self.results_path}"] if self.results_path else [])
+        ] + ([f"hud: results -> {self.results_path}"] if self.results_path else []) + (
+            [f"hud: shard {s.shard_spec} (a stable partition of the suite's episodes)"] if s.shard else [])
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if not self.records and not self.ledger.declared:

@@ -179,6 +179,8 @@ class SimPool:
             if known is not None and known[0].poll() is None:
                 return known[1]
             announce, log = self._next_name("policy")
+            # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
+            # API key when given none; workers send the secret (session.HudSession.agent).
             cmd = [sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
                    "--host", self.spec.host, "--announce", str(announce), "--parent-pid", str(os.getpid())]
             if contract:

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from .shard import Shard, parse_shard
+
 __all__ = ["OPTIONS", "Option", "SettingsError", "HudSettings", "ItemSettings", "Timeouts"]
 
 
@@ -65,6 +67,8 @@ OPTIONS: dict[str, Option] = {
     "html": Option(str, None, "Write a standalone HTML summary page here (works without pytest-html)"),
     "progress_interval": Option(float, 10.0, "Seconds between live per-task progress lines (0 turns them off)"),
     "record": Option(str, None, "Record every graded episode into a LeRobot v3 dataset in this new directory"),
+    "shard": Option(str, None, "Run only shard I of N of the suite's episodes (e.g. 2/4); combine the shards' "
+                               "results files with: python -m pytest_hud merge"),
 }
 
 _POSITIVE = ("boot_timeout", "first_action_timeout", "step_timeout")
@@ -164,6 +168,7 @@ class HudSettings:
     html: str | None = None
     progress_interval: float = 10.0
     record: str | None = None
+    shard: str | None = None  # "I/N"; see pytest_hud.shard
     # Not options: facts of the run, set by the controller.
     policy_cli: str | None = None  # --hud-policy as given on the command line (beats the marker)
     workers: int = 1
@@ -205,6 +210,18 @@ class HudSettings:
         for name, opt in OPTIONS.items():
             if opt.choices and getattr(self, name) not in opt.choices:
                 raise SettingsError(f"{flag(name)} must be {_either(opt.choices)}, got {getattr(self, name)!r}")
+        if self.shard is not None:
+            self.shard_spec  # noqa: B018 - raises SettingsError for a bad I/N
+
+    @property
+    def shard_spec(self) -> Shard | None:
+        """``--hud-shard`` parsed (None: the whole suite)."""
+        if self.shard is None:
+            return None
+        try:
+            return parse_shard(self.shard)
+        except ValueError as exc:
+            raise SettingsError(f"{exc} (ini key: hud_shard)") from None
 
     @property
     def slots(self) -> int:
