@@ -52,7 +52,8 @@ def test_a_dict_observation_and_success_are_read_per_slot():
 
 @pytest.mark.parametrize("make, steps_per_slot", [
     (lambda: load_sim("Pendulum-v1", 2), True),  # one env per slot, autoreset disabled
-    (lambda: load_sim("Pendulum-v1", 2, "async"), False),  # sub-processes: batched calls only
+    pytest.param(lambda: load_sim("Pendulum-v1", 2, "async"), False,  # sub-processes: batched calls only
+                 marks=pytest.mark.slow),
     (lambda: GymSim(gym.make_vec("CartPole-v1", 2, vectorization_mode="vector_entry_point")), False),
     (lambda: GymSim(SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2,
                                   autoreset_mode=AutoresetMode.NEXT_STEP)), False),  # resets all at once
