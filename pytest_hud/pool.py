@@ -49,6 +49,8 @@ class BridgeSpec:
     first_action_timeout: float = 300.0
     step_timeout: float = 30.0
     vectorization: str = "sync"
+    tick: str = "auto"
+    tick_window: float = 0.001  # settings.OPTIONS["tick_window"]
     host: str = "127.0.0.1"
     cwd: str | None = None
     python_path: list[str] = field(default_factory=list)
@@ -169,6 +171,8 @@ class SimPool:
             "-m", "pytest_hud.sim", target,
             "--width", str(spec.width),
             "--vectorization", spec.vectorization,
+            "--tick", spec.tick,
+            "--tick-window", repr(spec.tick_window),
             "--build-args", json.dumps(build),
             "--claim-timeout", str(spec.claim_timeout),
             "--first-action-timeout", str(spec.first_action_timeout),

@@ -50,6 +50,10 @@ OPTIONS: dict[str, Option] = {
     "n_action_steps": Option(int, None, "Actions executed from each predicted chunk before re-planning"),
     "policy_server": Option(bool, False, "Serve the policy from one batched policy server per run (workers load no model)"),
     "vectorization": Option(str, "sync", "How bridges vectorize single envs: sync or async", ("sync", "async")),
+    "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
+                   "(the slots whose actions are in; independent envs only) or auto (ready where the sim "
+                   "supports it)", ("auto", "lockstep", "ready")),
+    "tick_window": Option(float, 0.001, "Ready mode: seconds a tick waits for more actions after the first one arrives"),
     "baseline": Option(str, None, "Gate against this results file from an earlier run (the last good checkpoint)"),
     "gate": Option(str, None, "YAML gate file: alpha, max_drop, min_coverage, per-task min_success floors"),
     "alpha": Option(float, None, "Family-wise false-alarm rate of the gate across tasks (default 0.05)"),
@@ -81,6 +85,7 @@ DEFAULT_RESOURCES = {"CPU": 1.0}
 
 _POSITIVE = ("boot_timeout", "first_action_timeout", "step_timeout", "lease")
 _AT_LEAST_ONE = ("width", "max_steps", "n_action_steps", "policy_replicas")
+_NON_NEGATIVE = ("tick_window",)
 
 
 def flag(name: str) -> str:
@@ -160,6 +165,8 @@ class HudSettings:
     n_action_steps: int | None = None
     policy_server: bool = False
     vectorization: str = "sync"
+    tick: str = "auto"
+    tick_window: float = 0.001
     baseline: str | None = None
     gate: str | None = None
     alpha: float | None = None
@@ -214,6 +221,9 @@ class HudSettings:
         for name in _POSITIVE:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{flag(name)} must be positive, got {getattr(self, name)}")
+        for name in _NON_NEGATIVE:
+            if not getattr(self, name) >= 0:
+                raise SettingsError(f"{flag(name)} must be zero or more, got {getattr(self, name)}")
         for name, opt in OPTIONS.items():
             if opt.choices and getattr(self, name) not in opt.choices:
                 raise SettingsError(f"{flag(name)} must be {_either(opt.choices)}, got {getattr(self, name)!r}")

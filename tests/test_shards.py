@@ -201,3 +201,21 @@ def test_the_ini_key_is_checked_too(project):
     result = run(project)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--hud-shard '5/4'*ini key: hud_shard*"])
+
+
+ONE_EPISODE = '''
+def test_single(shared_sim, robot_agent):
+    assert robot_agent.run(shared_sim.episode(seed=7)).success
+'''
+
+
+def test_a_shard_with_no_episodes_of_its_own_passes_and_still_writes_its_file(pytester):
+    """More shards than episodes (an array job sized for a bigger suite) is not a failure."""
+    pytester.makepyfile(sims=SIMS, policies=POLICIES, test_one=ONE_EPISODE)
+    pytester.makeini(INI)
+    codes = [run(pytester, "--hud-policy=policies:balance", f"--hud-shard={i}/2", f"--hud-results=s{i}.jsonl").ret
+             for i in (1, 2)]
+    assert codes == [pytest.ExitCode.OK, pytest.ExitCode.OK]
+    merged = cli(pytester, "merge", "s1.jsonl", "s2.jsonl", "-o", "all.jsonl")
+    assert merged.returncode == 0, merged.stderr
+    assert len(load_results(pytester.path / "all.jsonl").latest_episodes()) == 1
