@@ -30,8 +30,15 @@ rendering in one process (a bridge's slots) never return each other's frames.
 
 Factories (bridge targets):
 
+- ``meta_world.py:meta_world`` — a **multi-task** sim (:class:`pytest_hud.sim.MultiTaskSim`): one
+  bridge serves every task; each claim names its task (``shared_sim.episode(seed=s, task="push-v3")``)
+  and gets it as its prompt. Declares all 50 v3 tasks by default (MT10 first; envs are built only
+  when a slot first runs a task, then cached per slot), or ``build={"tasks": [...]}``.
 - ``meta_world.py:single_task`` (``build={"task": "push-v3", ...}``): one task, a plain gymnasium
   env the bridge vectorizes (one bridge per task).
+
+Build arguments shared by both: ``pixels`` (False), ``size`` (128), ``camera`` ("corner2"),
+``stop_on_success`` (True), ``max_episode_steps`` (500).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ __all__ = [
     "VARIATIONS_PER_SEED_BLOCK",
     "MetaWorldTask",
     "all_tasks",
+    "meta_world",
     "single_task",
     "variation",
 ]
@@ -91,11 +99,11 @@ def _metaworld():
 
 
 def all_tasks() -> tuple[str, ...]:
-    """Every Meta-World v3 task name (the 50 of MT50), in Meta-World's order."""
+    """Every Meta-World v3 task name (the 50 of MT50): the MT10 tasks first, then the others in Meta-World's order."""
+    _metaworld()
     from metaworld.env_dict import ALL_V3_ENVIRONMENTS
 
-    _metaworld()
-    return tuple(ALL_V3_ENVIRONMENTS)
+    return MT10 + tuple(t for t in ALL_V3_ENVIRONMENTS if t not in MT10)
 
 
 def check_task(task: str) -> str:
@@ -236,3 +244,28 @@ def single_task(task: str = "reach-v3", pixels: bool = False, size: int = 128, c
     """Bridge target for one task (``build={"task": ...}``): the bridge vectorizes ``width`` copies."""
     return MetaWorldTask(task, pixels=pixels, size=size, camera=camera, stop_on_success=stop_on_success,
                          max_episode_steps=max_episode_steps)
+
+
+def meta_world(num_envs: int, tasks: str | list[str] = "MT50", pixels: bool = False, size: int = 128,
+               camera: str = "corner2", stop_on_success: bool = True,
+               max_episode_steps: int = MAX_EPISODE_STEPS, cache_size: int = 4):
+    """Bridge target: one multi-task bridge of ``num_envs`` slots for ``tasks`` (``"MT10"``, ``"MT50"`` or names).
+
+    Each slot caches up to ``cache_size`` envs (one per task it ran recently; ~25-50 MB each from
+    state, ~110-190 MB rendering). The first task is the default for a claim that names none.
+    """
+    from pytest_hud.sim import MultiTaskSim
+
+    if isinstance(tasks, str):
+        named = {"MT10": MT10, "MT50": all_tasks()}
+        if tasks not in named:
+            raise ValueError(f"tasks must be 'MT10', 'MT50' or a list of v3 task names, got {tasks!r}")
+        names = named[tasks]
+    else:
+        names = tuple(check_task(t) for t in tasks)
+
+    def make_env(task: str) -> MetaWorldTask:
+        return MetaWorldTask(task, pixels=pixels, size=size, camera=camera,
+                             stop_on_success=stop_on_success, max_episode_steps=max_episode_steps)
+
+    return MultiTaskSim(num_envs, names, make_env, cache_size=cache_size)
