@@ -102,3 +102,29 @@ def test_a_bridge_without_tasks_refuses_a_claim_that_names_one(bridge):
     with ControlClient(bridge("Pendulum-v1", 1)) as control, pytest.raises(BridgeError, match="declares no tasks"):
         control.reset(seed=1, task="up")
     assert gym.spec("Pendulum-v1")  # the bridge above was a plain gym id: unchanged behaviour
+
+
+PLUGIN_SUITE = f'''
+import os
+import pytest
+
+@pytest.mark.hud(sim="{MULTITASK}", policy="policies:ones")
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("task", ["left", "right", "up"])
+def test_tasks(shared_sim, robot_agent, task, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed, task=task))
+    with open(os.environ["BRIDGE_PIDS"], "a") as fh:
+        fh.write(f"{{shared_sim.address.pid}} {{result.prompt}} {{result.steps}}\\n")
+    assert result.steps == 3 + ["left", "right", "up"].index(task)
+'''
+
+
+def test_the_pool_serves_every_task_of_a_suite_from_one_bridge_per_width_group(pytester, monkeypatch):
+    pytester.makepyfile(test_tasks=PLUGIN_SUITE, policies="import numpy as np\ndef ones():\n    return lambda obs: np.ones(1, np.float32)\n")
+    pids = pytester.path / "pids.txt"
+    monkeypatch.setenv("BRIDGE_PIDS", str(pids))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2", timeout=180)
+    result.assert_outcomes(passed=6)
+    lines = [line.split() for line in pids.read_text().splitlines()]
+    assert len(lines) == 6 and len({pid for pid, _, _ in lines}) == 1  # three tasks, one bridge
+    assert sorted(prompt for _, prompt, _ in lines) == ["left", "left", "right", "right", "up", "up"]

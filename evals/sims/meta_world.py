@@ -23,6 +23,11 @@ env is reset after ``set_task(variation)`` with Meta-World's random task samplin
 depends only on (task, seed): not on the slot, the worker, the width or the episodes run before in
 the same env. Anyone can rebuild an episode from Meta-World alone with the formula above.
 
+Building ``MT1(task, seed=b)`` costs 1-2 s (an env and 50 resets), once per task and block in a
+process; ``meta_world_variations.npz`` next to this file holds block 0 (seeds 0-49) of every task as
+``MT1`` makes it with the Meta-World version it records (``python evals/sims/meta_world.py`` rewrites
+it; a test checks it against ``MT1``). With another Meta-World version it is ignored.
+
 **Rendering** (``pixels=True``): offscreen through MuJoCo's GL backend (``MUJOCO_GL=egl`` headless;
 set here when unset). Multisampling, shadows and reflections are off (85-95 ms -> 8-13 ms per frame
 on a CPU), and the env's own GL context is made current before every render, so several envs
@@ -85,6 +90,8 @@ VARIATIONS_PER_SEED_BLOCK = 50
 CONSTRUCTION_SEED = 0
 
 _VARIATIONS: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()  # (task, block) -> MT1 train tasks
+VARIATION_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "meta_world_variations.npz")
+_TABLE: dict[str, np.ndarray] | None = None
 
 
 def _metaworld():
@@ -121,13 +128,57 @@ def variation(task: str, seed: int) -> Any:
     key = (task, block)
     tasks = _VARIATIONS.get(key)
     if tasks is None:
-        tasks = _metaworld().MT1(check_task(task), seed=block).train_tasks
+        tasks = _tabled(task) if block == 0 else None
+        if tasks is None:
+            tasks = _metaworld().MT1(check_task(task), seed=block).train_tasks
         _VARIATIONS[key] = tasks
         while len(_VARIATIONS) > 64:  # each list holds 50 small pickles; keep the recent ones
             _VARIATIONS.popitem(last=False)
     else:
         _VARIATIONS.move_to_end(key)
     return tasks[index]
+
+
+def _metaworld_version() -> str:
+    from importlib.metadata import version
+
+    return version("metaworld")
+
+
+def _tabled(task: str) -> list[Any] | None:
+    """Block 0 of ``task`` from the shipped table, as ``MT1(task, seed=0).train_tasks`` (None if not there)."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = {}
+        if os.path.exists(VARIATION_TABLE):
+            with np.load(VARIATION_TABLE) as data:
+                if str(data["metaworld_version"]) == _metaworld_version():
+                    _TABLE = {k: data[k] for k in data.files if k != "metaworld_version"}
+    rand_vecs = _TABLE.get(task)
+    if rand_vecs is None:
+        return None
+    import pickle
+
+    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+    from metaworld.types import Task
+
+    cls = ALL_V3_ENVIRONMENTS[task]
+    # what MT1 pickles for each variation (its multi-task override: the goal is observed)
+    return [Task(env_name=task, data=pickle.dumps({"rand_vec": vec.copy(), "env_cls": cls,
+                                                   "partially_observable": False}))
+            for vec in rand_vecs]
+
+
+def write_variation_table(path: str = VARIATION_TABLE, tasks: tuple[str, ...] | None = None) -> None:
+    """Write block 0 (seeds 0-49) of ``tasks`` (default: all 50) as ``MT1(task, seed=0)`` makes them."""
+    import pickle
+
+    metaworld = _metaworld()
+    table: dict[str, np.ndarray] = {}
+    for task in tasks or all_tasks():
+        vecs = [pickle.loads(t.data)["rand_vec"] for t in metaworld.MT1(task, seed=0).train_tasks]
+        table[task] = np.array(vecs, dtype=np.float64)
+    np.savez_compressed(path, metaworld_version=np.array(_metaworld_version()), **table)
 
 
 class MetaWorldTask(gym.Env):
@@ -269,3 +320,8 @@ def meta_world(num_envs: int, tasks: str | list[str] = "MT50", pixels: bool = Fa
                              stop_on_success=stop_on_success, max_episode_steps=max_episode_steps)
 
     return MultiTaskSim(num_envs, names, make_env, cache_size=cache_size)
+
+
+if __name__ == "__main__":
+    write_variation_table()
+    print(f"wrote {VARIATION_TABLE}")
