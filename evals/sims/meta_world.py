@@ -299,12 +299,15 @@ def single_task(task: str = "reach-v3", pixels: bool = False, size: int = 128, c
 
 def meta_world(num_envs: int, tasks: str | list[str] = "MT50", pixels: bool = False, size: int = 128,
                camera: str = "corner2", stop_on_success: bool = True,
-               max_episode_steps: int = MAX_EPISODE_STEPS, cache_size: int = 4):
+               max_episode_steps: int = MAX_EPISODE_STEPS, cache_size: int | None = None):
     """Bridge target: one multi-task bridge of ``num_envs`` slots for ``tasks`` (``"MT10"``, ``"MT50"`` or names).
 
-    Each slot caches up to ``cache_size`` envs (one per task it ran recently; ~25-50 MB each from
-    state, ~110-190 MB rendering). The first task is the default for a claim that names none.
+    Each slot caches up to ``cache_size`` envs, one per task it ran recently (default 4 from state,
+    ~35 MB each; 2 with pixels, ~150-190 MB each). The first task is the default for a claim that
+    names none.
     """
+    if cache_size is None:
+        cache_size = 2 if pixels else 4
     from pytest_hud.sim import MultiTaskSim
 
     if isinstance(tasks, str):

@@ -374,7 +374,7 @@ def _reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None):
 
 def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray):
     if park:
-        if sim.tasks:  # a None task: the episode is over, idle until the next claim
+        if getattr(sim, "tasks", ()):  # a None task: the episode is over, idle until the next claim
             sim.reset_slots(park, [None] * len(park), [None] * len(park), tasks=[None] * len(park))
         else:
             sim.reset_slots(park, [None] * len(park), [None] * len(park))
