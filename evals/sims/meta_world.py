@@ -181,6 +181,24 @@ def write_variation_table(path: str = VARIATION_TABLE, tasks: tuple[str, ...] | 
     np.savez_compressed(path, metaworld_version=np.array(_metaworld_version()), **table)
 
 
+_RENDERING: Any = None  # weak set of rendering envs, closed at exit before EGL shuts down
+
+
+def _close_at_exit(env: MetaWorldTask) -> None:
+    """Close rendering envs still open at interpreter exit while EGL still works (quiet exits).
+
+    Registered after MuJoCo's EGL module registered its own ``eglTerminate``, so it runs first.
+    """
+    global _RENDERING
+    if _RENDERING is None:
+        import atexit
+        import weakref
+
+        _RENDERING = weakref.WeakSet()
+        atexit.register(lambda: [e.close() for e in list(_RENDERING)])
+    _RENDERING.add(env)
+
+
 class MetaWorldTask(gym.Env):
     """One Meta-World v3 task as a gymnasium env whose reset seed picks a fixed variation.
 
@@ -237,6 +255,7 @@ class MetaWorldTask(gym.Env):
         viewer = renderer._get_viewer("rgb_array")
         viewer.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
         viewer.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        _close_at_exit(self)
         camera_id = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
         if camera_id < 0:
             raise ValueError(f"Meta-World has no camera {camera!r}; try corner, corner2, corner3, topview")
@@ -282,7 +301,9 @@ class MetaWorldTask(gym.Env):
         viewer, self._viewer = self._viewer, None
         if viewer is not None:
             try:
-                viewer.free()  # this env's GL context only (gymnasium's close also terminates glfw)
+                viewer.make_context_current()
+                viewer.con.free()  # its GL resources, while its own context is current
+                viewer.free()  # then that context only (gymnasium's close also terminates glfw)
             except Exception:  # noqa: BLE001 - a context already gone at exit
                 pass
             self.env.mujoco_renderer._viewers.clear()
