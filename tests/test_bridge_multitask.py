@@ -7,6 +7,8 @@ from the claimed task and seed.
 
 from __future__ import annotations
 
+import threading
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -20,12 +22,14 @@ MULTITASK = f"{SIMKIT}:multitask"
 TASKS = ("left", "right", "up")
 
 
-def play(address, seed, task=None, hold_others=0, build=None):
+def play(address, seed, task=None, hold_others=0, build=None, barrier=None):
     """One whole episode; returns (slot, prompt, every state seen, grade)."""
     extra = {"build": build} if build else {}
     with ControlClient(address) as control:
         held = [control.reset(seed=0, task="up", **extra) for _ in range(hold_others)]  # occupy lower slots
         claim = control.reset(seed=seed, **({"task": task} if task else {}), **extra)
+        if barrier is not None:
+            barrier.wait(30)  # every episode holds its slot before any steps
         seen = []
         with SlotClient(address, claim.token) as ws:
             frame = ws.first_observation
@@ -55,10 +59,11 @@ def reference(task, seed):
 def test_concurrent_claims_for_different_tasks_share_one_bridge(bridge):
     address = bridge(MULTITASK, 3)
     results = {}
+    barrier = threading.Barrier(len(TASKS))
 
     def episode(task, seed):
         def go():
-            results[task] = play(address, seed, task)
+            results[task] = play(address, seed, task, barrier=barrier)
         return go
 
     assert run_threads([episode(t, s) for t, s in zip(TASKS, (5, 6, 7))]) == []
@@ -71,7 +76,10 @@ def test_concurrent_claims_for_different_tasks_share_one_bridge(bridge):
         assert grade["success"] == (task != "left")
     with ControlClient(address) as control:
         stats = control.stats()
-    assert stats["tasks"] == list(TASKS) and stats["sim"]["builds"] == 3
+    assert stats["tasks"] == list(TASKS)
+    # one env per slot for its task, plus the first task's env that slot 0 built for the contract
+    # when another task's claim got there first
+    assert stats["sim"]["builds"] in (3, 4)
 
 
 def test_a_task_and_seed_give_the_same_episode_on_any_slot_width_and_after_other_tasks(bridge):

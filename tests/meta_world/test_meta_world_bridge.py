@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +38,12 @@ EPISODES = [("reach-v3", 3), ("push-v3", 8), ("drawer-close-v3", 3)]
 STEPS = 12
 
 
-def drive(address, task, seed, out):
+def drive(address, task, seed, out, barrier):
     """Run ``STEPS`` expert steps of (task, seed) on the bridge; record every frame and action."""
     expert = ScriptedExpert()
     with ControlClient(address) as control:
         claim = control.reset(seed=seed, task=task, build={"pixels": True, "tasks": [t for t, _ in EPISODES]})
+        barrier.wait(120)  # all three slots claimed before any steps: they render side by side
         frames, actions = [], []
         with SlotClient(address, claim.token) as ws:
             frame = ws.first_observation
@@ -71,7 +73,9 @@ def test_slots_rendering_different_tasks_in_one_bridge_never_see_each_others_fra
     proc, address = start_bridge(tmp_path, f"{SIM}:meta_world", 3, "--build-args", build, timeout=180)
     try:
         seen: dict = {}
-        assert run_threads([lambda t=t, s=s: drive(address, t, s, seen) for t, s in EPISODES], timeout=300) == []
+        barrier = threading.Barrier(len(EPISODES))
+        assert run_threads([lambda t=t, s=s: drive(address, t, s, seen, barrier) for t, s in EPISODES],
+                           timeout=300) == []
     finally:
         stop(proc)
     assert sorted(slot for slot, _, _ in seen.values()) == [0, 1, 2]  # all three rendered side by side
