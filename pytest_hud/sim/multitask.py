@@ -37,6 +37,8 @@ def _info_flag(info: Mapping[str, Any]) -> bool:
 class MultiTaskSim(VectorSim):
     """``width`` slots over ``tasks``, each slot with an LRU cache of up to ``cache_size`` envs (one per task)."""
 
+    supports_slot_step = True  # slots are separate envs: the bridge may step a subset (ready mode)
+
     def __init__(self, width: int, tasks: Sequence[str], make_env: Callable[[str], Any],
                  cache_size: int = 4, control_rate: float | None = None) -> None:
         super().__init__(width)
@@ -140,13 +142,17 @@ class MultiTaskSim(VectorSim):
         return self.tasks[0]
 
     def step(self, actions: np.ndarray) -> StepBatch:
+        return self.step_slots(actions, np.ones(self.width, bool))
+
+    def step_slots(self, actions: np.ndarray, mask: np.ndarray) -> StepBatch:
+        """Step the slots in ``mask`` whose episode runs (each slot is its own env: ready mode works)."""
         n = self.width
         rewards = np.zeros(n)
         terminated = np.zeros(n, bool)
         truncated = np.zeros(n, bool)
         success = np.zeros(n, bool)
         score = np.full(n, np.nan)
-        for i in np.flatnonzero(self._active):
+        for i in np.flatnonzero(self._active & np.asarray(mask, bool)):
             obs, reward, term, trunc, info = self._current[i].step(actions[i])
             self._write(i, obs)
             rewards[i], terminated[i], truncated[i] = float(reward), bool(term), bool(trunc)
