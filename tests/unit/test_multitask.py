@@ -160,3 +160,12 @@ def test_bad_task_lists_are_refused():
         MultiTaskSim(1, [], Counter)
     with pytest.raises(ValueError, match="unique"):
         MultiTaskSim(1, ["reach", "reach"], Counter)
+
+
+def test_step_slots_advances_only_the_masked_running_slots():
+    sim = MultiTaskSim(3, TASKS, Counter)
+    assert sim.supports_slot_step
+    sim.reset_slots([0, 1], [1, 2], [None, None], tasks=["reach", "push"])
+    batch = sim.step_slots(np.zeros((3, 1), np.float32), np.array([False, True, True]))
+    assert batch.rewards.tolist() == [0.0, 1.0, 0.0]  # slot 0 not in the mask, slot 2 not running
+    assert sim.observe()["state"][:2].tolist() == [[0, 100], [1, 201]]
