@@ -59,11 +59,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Train on an existing --dataset-dir instead of recording it again")
     parser.add_argument("--episodes", type=int, default=40, help="Demonstrations per task")
     parser.add_argument("--workers", type=int, default=2, help="-n and --hud-width of the recording run")
-    parser.add_argument("--steps", type=int, default=2000, help="Training updates for the final checkpoint")
-    parser.add_argument("--early-steps", type=int, default=300,
+    parser.add_argument("--steps", type=int, default=1000, help="Training updates for the final checkpoint")
+    parser.add_argument("--early-steps", type=int, default=100,
                         help="Training updates for the early checkpoint")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--eval-episodes", type=int, default=20, help="Held-out seeds per task (0..N-1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for reproducibility)")
