@@ -23,6 +23,11 @@ env is reset after ``set_task(variation)`` with Meta-World's random task samplin
 depends only on (task, seed): not on the slot, the worker, the width or the episodes run before in
 the same env. Anyone can rebuild an episode from Meta-World alone with the formula above.
 
+Building ``MT1(task, seed=b)`` costs 1-2 s (an env and 50 resets), once per task and block in a
+process; ``meta_world_variations.npz`` next to this file holds block 0 (seeds 0-49) of every task as
+``MT1`` makes it with the Meta-World version it records (``python evals/sims/meta_world.py`` rewrites
+it; a test checks it against ``MT1``). With another Meta-World version it is ignored.
+
 **Rendering** (``pixels=True``): offscreen through MuJoCo's GL backend (``MUJOCO_GL=egl`` headless;
 set here when unset). Multisampling, shadows and reflections are off (85-95 ms -> 8-13 ms per frame
 on a CPU), and the env's own GL context is made current before every render, so several envs
@@ -30,8 +35,15 @@ rendering in one process (a bridge's slots) never return each other's frames.
 
 Factories (bridge targets):
 
+- ``meta_world.py:meta_world`` — a **multi-task** sim (:class:`pytest_hud.sim.MultiTaskSim`): one
+  bridge serves every task; each claim names its task (``shared_sim.episode(seed=s, task="push-v3")``)
+  and gets it as its prompt. Declares all 50 v3 tasks by default (MT10 first; envs are built only
+  when a slot first runs a task, then cached per slot), or ``build={"tasks": [...]}``.
 - ``meta_world.py:single_task`` (``build={"task": "push-v3", ...}``): one task, a plain gymnasium
   env the bridge vectorizes (one bridge per task).
+
+Build arguments shared by both: ``pixels`` (False), ``size`` (128), ``camera`` ("corner2"),
+``stop_on_success`` (True), ``max_episode_steps`` (500).
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ __all__ = [
     "VARIATIONS_PER_SEED_BLOCK",
     "MetaWorldTask",
     "all_tasks",
+    "meta_world",
     "single_task",
     "variation",
 ]
@@ -77,6 +90,8 @@ VARIATIONS_PER_SEED_BLOCK = 50
 CONSTRUCTION_SEED = 0
 
 _VARIATIONS: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()  # (task, block) -> MT1 train tasks
+VARIATION_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "meta_world_variations.npz")
+_TABLE: dict[str, np.ndarray] | None = None
 
 
 def _metaworld():
@@ -91,11 +106,11 @@ def _metaworld():
 
 
 def all_tasks() -> tuple[str, ...]:
-    """Every Meta-World v3 task name (the 50 of MT50), in Meta-World's order."""
+    """Every Meta-World v3 task name (the 50 of MT50): the MT10 tasks first, then the others in Meta-World's order."""
+    _metaworld()
     from metaworld.env_dict import ALL_V3_ENVIRONMENTS
 
-    _metaworld()
-    return tuple(ALL_V3_ENVIRONMENTS)
+    return MT10 + tuple(t for t in ALL_V3_ENVIRONMENTS if t not in MT10)
 
 
 def check_task(task: str) -> str:
@@ -113,13 +128,75 @@ def variation(task: str, seed: int) -> Any:
     key = (task, block)
     tasks = _VARIATIONS.get(key)
     if tasks is None:
-        tasks = _metaworld().MT1(check_task(task), seed=block).train_tasks
+        tasks = _tabled(task) if block == 0 else None
+        if tasks is None:
+            tasks = _metaworld().MT1(check_task(task), seed=block).train_tasks
         _VARIATIONS[key] = tasks
         while len(_VARIATIONS) > 64:  # each list holds 50 small pickles; keep the recent ones
             _VARIATIONS.popitem(last=False)
     else:
         _VARIATIONS.move_to_end(key)
     return tasks[index]
+
+
+def _metaworld_version() -> str:
+    from importlib.metadata import version
+
+    return version("metaworld")
+
+
+def _tabled(task: str) -> list[Any] | None:
+    """Block 0 of ``task`` from the shipped table, as ``MT1(task, seed=0).train_tasks`` (None if not there)."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = {}
+        if os.path.exists(VARIATION_TABLE):
+            with np.load(VARIATION_TABLE) as data:
+                if str(data["metaworld_version"]) == _metaworld_version():
+                    _TABLE = {k: data[k] for k in data.files if k != "metaworld_version"}
+    rand_vecs = _TABLE.get(task)
+    if rand_vecs is None:
+        return None
+    import pickle
+
+    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+    from metaworld.types import Task
+
+    cls = ALL_V3_ENVIRONMENTS[task]
+    # what MT1 pickles for each variation (its multi-task override: the goal is observed)
+    return [Task(env_name=task, data=pickle.dumps({"rand_vec": vec.copy(), "env_cls": cls,
+                                                   "partially_observable": False}))
+            for vec in rand_vecs]
+
+
+def write_variation_table(path: str = VARIATION_TABLE, tasks: tuple[str, ...] | None = None) -> None:
+    """Write block 0 (seeds 0-49) of ``tasks`` (default: all 50) as ``MT1(task, seed=0)`` makes them."""
+    import pickle
+
+    metaworld = _metaworld()
+    table: dict[str, np.ndarray] = {}
+    for task in tasks or all_tasks():
+        vecs = [pickle.loads(t.data)["rand_vec"] for t in metaworld.MT1(task, seed=0).train_tasks]
+        table[task] = np.array(vecs, dtype=np.float64)
+    np.savez_compressed(path, metaworld_version=np.array(_metaworld_version()), **table)
+
+
+_RENDERING: Any = None  # weak set of rendering envs, closed at exit before EGL shuts down
+
+
+def _close_at_exit(env: MetaWorldTask) -> None:
+    """Close rendering envs still open at interpreter exit while EGL still works (quiet exits).
+
+    Registered after MuJoCo's EGL module registered its own ``eglTerminate``, so it runs first.
+    """
+    global _RENDERING
+    if _RENDERING is None:
+        import atexit
+        import weakref
+
+        _RENDERING = weakref.WeakSet()
+        atexit.register(lambda: [e.close() for e in list(_RENDERING)])
+    _RENDERING.add(env)
 
 
 class MetaWorldTask(gym.Env):
@@ -178,6 +255,7 @@ class MetaWorldTask(gym.Env):
         viewer = renderer._get_viewer("rgb_array")
         viewer.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
         viewer.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        _close_at_exit(self)
         camera_id = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
         if camera_id < 0:
             raise ValueError(f"Meta-World has no camera {camera!r}; try corner, corner2, corner3, topview")
@@ -223,7 +301,9 @@ class MetaWorldTask(gym.Env):
         viewer, self._viewer = self._viewer, None
         if viewer is not None:
             try:
-                viewer.free()  # this env's GL context only (gymnasium's close also terminates glfw)
+                viewer.make_context_current()
+                viewer.con.free()  # its GL resources, while its own context is current
+                viewer.free()  # then that context only (gymnasium's close also terminates glfw)
             except Exception:  # noqa: BLE001 - a context already gone at exit
                 pass
             self.env.mujoco_renderer._viewers.clear()
@@ -236,3 +316,36 @@ def single_task(task: str = "reach-v3", pixels: bool = False, size: int = 128, c
     """Bridge target for one task (``build={"task": ...}``): the bridge vectorizes ``width`` copies."""
     return MetaWorldTask(task, pixels=pixels, size=size, camera=camera, stop_on_success=stop_on_success,
                          max_episode_steps=max_episode_steps)
+
+
+def meta_world(num_envs: int, tasks: str | list[str] = "MT50", pixels: bool = False, size: int = 128,
+               camera: str = "corner2", stop_on_success: bool = True,
+               max_episode_steps: int = MAX_EPISODE_STEPS, cache_size: int | None = None):
+    """Bridge target: one multi-task bridge of ``num_envs`` slots for ``tasks`` (``"MT10"``, ``"MT50"`` or names).
+
+    Each slot caches up to ``cache_size`` envs, one per task it ran recently (default 4 from state,
+    ~35 MB each; 2 with pixels, ~150-190 MB each). The first task is the default for a claim that
+    names none.
+    """
+    if cache_size is None:
+        cache_size = 2 if pixels else 4
+    from pytest_hud.sim import MultiTaskSim
+
+    if isinstance(tasks, str):
+        named = {"MT10": MT10, "MT50": all_tasks()}
+        if tasks not in named:
+            raise ValueError(f"tasks must be 'MT10', 'MT50' or a list of v3 task names, got {tasks!r}")
+        names = named[tasks]
+    else:
+        names = tuple(check_task(t) for t in tasks)
+
+    def make_env(task: str) -> MetaWorldTask:
+        return MetaWorldTask(task, pixels=pixels, size=size, camera=camera,
+                             stop_on_success=stop_on_success, max_episode_steps=max_episode_steps)
+
+    return MultiTaskSim(num_envs, names, make_env, cache_size=cache_size)
+
+
+if __name__ == "__main__":
+    write_variation_table()
+    print(f"wrote {VARIATION_TABLE}")

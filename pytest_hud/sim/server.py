@@ -62,7 +62,7 @@ class BridgeServer:
         self.contract_dict = self.contract.to_dict()
         self.engine = BridgeEngine(sim.width, self.contract, sim.hold_action(), hold=hold,
                                    wave=not sim.supports_slot_reset, timeouts=timeouts,
-                                   build_args=build_args)
+                                   build_args=build_args, tasks=tuple(getattr(sim, "tasks", ()) or ()))
         self.started = time.monotonic()
         self._wave_gather_s = wave_gather_s
         self._sim_lock = asyncio.Lock()
@@ -118,6 +118,7 @@ class BridgeServer:
             "target": self.target,
             "build": self.engine.build_args,
             "wave": self.engine.wave,
+            "tasks": list(self.engine.tasks),
         }
 
     # --------------------------------------------------------------- control
@@ -139,6 +140,8 @@ class BridgeServer:
             "uptime_s": time.monotonic() - self.started,
             "slots": engine.snapshot(),
             "wave": engine.wave,
+            "tasks": list(engine.tasks),
+            "sim": _sim_stats(self.sim),
         }
 
     async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
@@ -192,7 +195,7 @@ class BridgeServer:
         """Run ``plan`` on the main thread; a sim exception breaks the bridge (raises :class:`SimFailed`)."""
         try:
             flags, rows = await self._sim_call(
-                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options
+                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options, plan.tasks
             )
         except Exception:
             raise self.engine.reset_failed(plan, traceback.format_exc()) from None
@@ -358,8 +361,10 @@ class BridgeServer:
 
 
 # ----------------------------------------------------------- main-thread work
-def _reset_and_observe(sim: VectorSim, idx, seeds, options):
-    if len({json.dumps(o, sort_keys=True, default=str) for o in options}) > 1:
+def _reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None):
+    if tasks is not None:  # a multi-task sim takes each slot's task (and options) itself
+        flags = sim.reset_slots(idx, seeds, options, tasks=tasks)
+    elif len({json.dumps(o, sort_keys=True, default=str) for o in options}) > 1:
         # options differ: one reset call per slot keeps each slot's options its own
         flags = np.concatenate([sim.reset_slots([i], [s], [o]) for i, s, o in zip(idx, seeds, options)])
     else:
@@ -369,9 +374,21 @@ def _reset_and_observe(sim: VectorSim, idx, seeds, options):
 
 def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray):
     if park:
-        sim.reset_slots(park, [None] * len(park), [None] * len(park))
+        if getattr(sim, "tasks", ()):  # a None task: the episode is over, idle until the next claim
+            sim.reset_slots(park, [None] * len(park), [None] * len(park), tasks=[None] * len(park))
+        else:
+            sim.reset_slots(park, [None] * len(park), [None] * len(park))
     batch = sim.step(actions)
     return batch, sim.observe()
+
+
+def _sim_stats(sim: VectorSim) -> Any:
+    """The sim's own counters when it keeps any (``stats()``, e.g. a multi-task sim's env builds)."""
+    stats = getattr(sim, "stats", None)
+    try:
+        return stats() if callable(stats) else None
+    except Exception:  # noqa: BLE001 - counters are informational
+        return None
 
 
 async def _fail(ws: ServerConnection, failure: SlotFailure) -> None:
