@@ -36,6 +36,7 @@ def train(
     prepare: Callable[[Any, Any], None] | None = None,
     on_step: Callable[[int, Any, Any, Any], None] | None = None,
     log_every: int = 50,
+    preload: bool = False,
 ) -> tuple[Any, Any, Any]:
     """Train ``config`` on the LeRobot dataset at ``dataset_root``; returns (policy, pre, post).
 
@@ -80,8 +81,13 @@ def train(
           f"{parameters:,} parameters: {time.perf_counter() - tick:.1f}s", flush=True)
 
     accelerator = Accelerator(cpu=True)
+    items = dataset
+    if preload:
+        tick = time.perf_counter()
+        items = [dataset[index] for index in range(len(dataset))]
+        print(f"preloaded {len(items)} frames: {time.perf_counter() - tick:.1f}s", flush=True)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=False,
+        items, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=False,
         generator=torch.Generator().manual_seed(seed),
     )
     batches = cycle(loader)
