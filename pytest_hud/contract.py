@@ -107,7 +107,7 @@ class Contract:
 
     @property
     def action_dim(self) -> int:
-        return int(np.prod(self.action.shape)) if self.action.shape else 1
+        return math.prod(self.action.shape)  # () -> 1; math, not numpy: the agent asks every step
 
     # ---------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
