@@ -145,6 +145,11 @@ _KEYS: dict[str, bytes] = {}
 _ARRAYS: dict[tuple[str, tuple[int, ...]], tuple[bytes, bytes]] = {}
 _GENERICS: dict[str, tuple[bytes, bytes]] = {}
 _CACHE_LIMIT = 512  # distinct keys/headers are few; a runaway producer must not grow them forever
+# Frames with a large array (a 224x224 camera) take msgpack's path: a joined frame of a few hundred
+# KiB is a fresh allocation above glibc's mmap threshold on every step (page faults: measured 3x
+# slower per round trip than msgpack's, whose larger internal buffer raises that threshold). For
+# such frames the copies are under 1% of a step's render anyway (benchmarks/bridge_throughput.py).
+_JOIN_LIMIT = 64 * 1024
 
 
 def _float64(value: float) -> bytes:
@@ -213,6 +218,8 @@ def _pack_flat(obj: dict) -> bytes:
         append(packed_key)
         kind = type(value)
         if kind is np.ndarray:
+            if value.nbytes > _JOIN_LIMIT:
+                raise _NotFlat
             head, tail = _array_pieces(value)
             append(head)
             append(value if value.flags.c_contiguous else np.ascontiguousarray(value))
