@@ -1,4 +1,5 @@
-"""Command line: ``python -m pytest_hud report RESULTS [--compare BASELINE] [--markdown]``.
+"""Command line: ``python -m pytest_hud report RESULTS [--compare BASELINE] [--markdown]`` and
+``python -m pytest_hud merge SHARD.jsonl ... -o ALL.jsonl``.
 
     python -m pytest_hud report results.jsonl                       # the per-task table
     python -m pytest_hud report results.jsonl --compare base.jsonl  # + the gate: exit 1 on regression
@@ -10,11 +11,20 @@ with the same options), on the latest record of each episode in both files; erro
 not successes or failures but count against coverage. Exit status: 0, or 1 when the gate fails
 (a regression or insufficient coverage; inconclusive too with ``--strict``), or 2 when a file is
 missing or not a pytest-hud results file, or an option is invalid.
+
+``merge`` combines the results files of the shards of one suite (``pytest --hud-shard I/N``) into
+one results file (rules in :mod:`pytest_hud.merge`). Exit status: 0 merged; 1 a shard or an
+episode is missing, or one episode has different results in two files (nothing is written unless
+``--allow-missing`` / ``--allow-conflicts`` accept that); 2 a file is unreadable or not a shard's,
+the files are of different suites, shard counts or policies, or the options are wrong.
+
+    python -m pytest_hud merge shard-*.jsonl -o all.jsonl && python -m pytest_hud report all.jsonl --compare base.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -78,6 +88,21 @@ def _parser() -> argparse.ArgumentParser:
                         help="Also write the standalone HTML page (summary, chart, episodes, videos) to PATH")
     report.add_argument("--self-contained", dest="self_contained", action="store_true",
                         help="With --html: inline the videos into the page")
+    merge = sub.add_parser(
+        "merge",
+        help="Merge the results files of a sharded suite (pytest --hud-shard I/N) into one",
+        description="Check that SHARDS are the shards of one suite and one policy, report missing shards, "
+                    "missing episodes and duplicate episodes, and write one results file (exit 1 when "
+                    "something is missing or conflicting, 2 when the files cannot be merged).",
+    )
+    merge.add_argument("shards", metavar="SHARD", nargs="+", help="Results files written with --hud-shard I/N")
+    merge.add_argument("-o", "--output", dest="output", metavar="ALL", required=True,
+                       help="Write the merged results file here (replaced atomically)")
+    merge.add_argument("--allow-missing", dest="allow_missing", action="store_true",
+                       help="Write the merged file and exit 0 even if shards or episodes are missing "
+                            "(the gate then counts them against coverage)")
+    merge.add_argument("--allow-conflicts", dest="allow_conflicts", action="store_true",
+                       help="Accept an episode with different results in two files: the later file's record wins")
     return parser
 
 
@@ -144,12 +169,75 @@ def report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def merge(args: argparse.Namespace) -> int:
+    """The ``merge`` command; returns the exit status."""
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from .merge import MergeError, merge_shards
+
+    output = Path(args.output)
+    for path in args.shards:
+        if Path(path).exists() and output.exists() and output.resolve() == Path(path).resolve():
+            raise InputError(f"-o {args.output} is one of the shard files; write the merged file elsewhere")
+    files = [_load(path, "SHARD") for path in args.shards]
+    try:
+        found = merge_shards(files, prefer_later=args.allow_conflicts)
+    except MergeError as exc:
+        raise InputError(str(exc)) from None
+    for note in found.notes + found.duplicates:
+        print(f"note: {note}", file=sys.stderr)
+    problems = []
+    if found.missing_shards:
+        problems.append(f"missing shard{'s' if len(found.missing_shards) > 1 else ''} "
+                        f"{', '.join(f'{i}/{found.count}' for i in found.missing_shards)} (no file given for "
+                        f"{'them' if len(found.missing_shards) > 1 else 'it'})")
+    if found.missing_episodes:
+        shown = ", ".join(f"{task} episode {ep}" for task, ep in found.missing_episodes[:10])
+        more = len(found.missing_episodes) - 10
+        problems.append(f"{len(found.missing_episodes)} of {found.suite_episodes} episodes of the suite are in no "
+                        f"file: {shown}" + (f" and {more} more" if more > 0 else ""))
+    fatal = (bool(problems) and not args.allow_missing) or (bool(found.conflicts) and not args.allow_conflicts)
+    for problem in problems:
+        print(f"{'error' if not args.allow_missing else 'warning'}: {problem}", file=sys.stderr)
+    for conflict in found.conflicts:
+        print(f"{'error' if not args.allow_conflicts else 'warning'}: {conflict}", file=sys.stderr)
+    if fatal:
+        flags = ([] if not problems or args.allow_missing else ["--allow-missing"]) + (
+            [] if not found.conflicts or args.allow_conflicts else ["--allow-conflicts"])
+        print(f"merge: nothing written; run the missing shards (or rerun the conflicting ones), or pass "
+              f"{' and '.join(flags)} to write {args.output} anyway", file=sys.stderr)
+        return EXIT_REGRESSION
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for line in found.lines:
+                fh.write(json.dumps(line) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    episodes = sum(1 for line in found.lines if line["record"] == "episode")
+    present = ", ".join(str(i) for i in sorted(found.shards))
+    print(f"merged: {len(files)} file{'s' if len(files) != 1 else ''} (shards {present} of {found.count}), "
+          f"{episodes} of {found.suite_episodes} suite episodes -> {args.output}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m pytest_hud``; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "report":
             return report(args)
+        if args.command == "merge":
+            return merge(args)
     except InputError as exc:
         print(f"python -m pytest_hud {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

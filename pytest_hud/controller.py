@@ -67,7 +67,8 @@ class HudController:
         spec = BridgeSpec(
             width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
             first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
-            vectorization=settings.vectorization, cwd=invocation,
+            vectorization=settings.vectorization, tick=settings.tick, tick_window=settings.tick_window,
+            cwd=invocation,
             python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
         )
         self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach)
@@ -113,9 +114,22 @@ class HudController:
         return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}
 
     # ------------------------------------------------- the pool service's calls
-    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = ()) -> int:
+    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = (),
+                 shard: dict[str, Any] | None = None) -> int:
         with self._lock:
-            return self.ledger.declare(episodes, deselected)
+            count = self.ledger.declare(episodes, deselected, shard)
+            if shard is not None and "shard" not in self.provenance:
+                # Declared before any episode lands, so the results file's header carries it.
+                from .shard import suite_fingerprint
+
+                suite = self.ledger.shard["suite"]
+                self.provenance["shard"] = {
+                    "index": self.ledger.shard["index"], "count": self.ledger.shard["count"],
+                    "episodes": len(self.ledger.declared),
+                    "suite": {"episodes": sum(map(len, suite.values())), "fingerprint": suite_fingerprint(suite),
+                              "tasks": suite},
+                }
+            return count
 
     def _resume_lookup(self, task: str, episode: str, identity: dict[str, Any]) -> dict[str, Any] | None:
         return self.ledger.resume_lookup(task, episode, identity)
@@ -197,6 +211,10 @@ class HudController:
             in_process.close_recorders()  # -n 0: this process recorded; finish before merging
         if self.settings.record:
             self._merge_recording()
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self._empty_shard():
+            # More shards than episodes (a SLURM array or CI matrix sized for a bigger suite): this
+            # shard has nothing of its own to run. That is not a failure; its (empty) file is written.
+            session.exitstatus = pytest.ExitCode.OK
         self.verdicts = self.ledger.verdicts()
         if self.verdicts is not None:
             passed = gate_passed(self.verdicts) and not self.other_failures
@@ -205,7 +223,8 @@ class HudController:
                 session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
             add_gate_cases(self.config, self.verdicts)
         gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
-        if self.records or self.ledger.declared:
+        if self.records or self.ledger.declared or self.ledger.shard is not None:
+            # (A shard with no episodes of its own still writes its file: the merge expects it.)
             self._step_summary()
             writer = self._write()
             if writer is not None:
@@ -218,6 +237,11 @@ class HudController:
                 write_standalone_page(self.settings.html, self.tasks(), list(self.records.values()),
                                       verdicts=self.verdict_dicts(), coverage=self.coverage(),
                                       title="pytest-hud report")
+
+    def _empty_shard(self) -> bool:
+        """A ``--hud-shard`` run of a non-empty suite whose partition gave this shard no episode."""
+        shard = self.ledger.shard
+        return shard is not None and any(shard["suite"].values()) and not self.ledger.declared
 
     def _merge_recording(self) -> None:
         """Merge every worker's dataset part into one LeRobot dataset (per feature set)."""
@@ -260,11 +284,17 @@ class HudController:
         s = self.settings
         where = f"attached to {s.sim_url}" if s.sim_url else "bridges spawned on demand"
         return [
-            f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} "
+            f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} tick={s.tick} "
             f"policy={s.policy or '(per test)'} ({where})",
-        ] + ([f"hud: results -> {self.results_path}"] if self.results_path else [])
+        ] + ([f"hud: results -> {self.results_path}"] if self.results_path else []) + (
+            [f"hud: shard {s.shard_spec} (a stable partition of the suite's episodes)"] if s.shard else [])
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if self._empty_shard():
+            terminalreporter.write_line(
+                f"hud: shard {self.settings.shard_spec} has no episodes of its own (the suite's "
+                f"{sum(map(len, self.ledger.shard['suite'].values()))} episodes went to other shards); "
+                f"its results file is written for the merge")
         if not self.records and not self.ledger.declared:
             return
         from .report.terminal import write_summary

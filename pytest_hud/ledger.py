@@ -36,12 +36,21 @@ class Ledger:
         self.deselected: set[str] = set()  # tasks deselected with -k/-m
         self.records: dict[str, EpisodeRecord] = {}  # nodeid -> the episode's record
         self.floors: dict[str, float] = {}  # task -> min_success from markers
+        self.shard: dict[str, Any] | None = None  # --hud-shard: {"index", "count", "suite": {task: [episodes]}}
         self._sequential_tests: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- input
-    def declare(self, episodes: Iterable[Mapping[str, Any]], deselected: Iterable[str] = ()) -> int:
-        """Episodes this run will run (after deselection); a worker may declare the same ones again."""
+    def declare(self, episodes: Iterable[Mapping[str, Any]], deselected: Iterable[str] = (),
+                shard: Mapping[str, Any] | None = None) -> int:
+        """Episodes this run will run (after deselection); a worker may declare the same ones again.
+
+        ``shard`` (``--hud-shard``): this shard's index and count and the whole suite, so that the
+        gate leaves the other shards' episodes out instead of calling them missing.
+        """
         self.deselected.update(deselected)
+        if shard is not None and self.shard is None:
+            self.shard = {"index": int(shard["index"]), "count": int(shard["count"]),
+                          "suite": {str(t): [str(e) for e in eps] for t, eps in dict(shard["suite"]).items()}}
         for ep in episodes:
             self.declared.setdefault(ep["nodeid"], dict(ep))
             if ep.get("min_success") is not None:
@@ -64,6 +73,15 @@ class Ledger:
 
     def is_declared(self, nodeid: str) -> bool:
         return nodeid in self.declared
+
+    def other_shards(self) -> set[tuple[str, str]]:
+        """The suite's ``(task, episode)`` pairs that other shards run (empty when not sharded)."""
+        if self.shard is None:
+            return set()
+        from .shard import partition
+
+        suite = [(task, ep) for task, eps in self.shard["suite"].items() for ep in eps]
+        return {key for key, index in partition(suite, self.shard["count"]).items() if index != self.shard["index"]}
 
     # ----------------------------------------------------------------- resume
     def resume_lookup(self, task: str, episode: str, identity: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -132,6 +150,12 @@ class Ledger:
             return None
         current = outcomes_from_records(self.records.values(), self.declared_by_task())
         base = outcomes_from_results(self.baseline) if self.baseline is not None else None
+        others = self.other_shards()
+        if base is not None and others:
+            # A shard is gated against the same episodes of the baseline; the other shards'
+            # episodes are theirs to gate (and the merged file's), not missing here.
+            kept = [r for r in self.baseline.latest_episodes() if (r.task, str(r.episode)) not in others]
+            base = outcomes_from_records(kept)
         floors = {**self.gate_config.floors, **self.floors}  # marker floors are exact task ids: they win
         verdicts = evaluate_gate(current, base, replace(self.gate_config, floors=floors),
                                  deselected=self.deselected - set(current))

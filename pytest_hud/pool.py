@@ -49,6 +49,8 @@ class BridgeSpec:
     first_action_timeout: float = 300.0
     step_timeout: float = 30.0
     vectorization: str = "sync"
+    tick: str = "auto"
+    tick_window: float = 0.001  # settings.OPTIONS["tick_window"]
     host: str = "127.0.0.1"
     cwd: str | None = None
     python_path: list[str] = field(default_factory=list)
@@ -177,6 +179,8 @@ class SimPool:
             if known is not None and known[0].poll() is None:
                 return known[1]
             announce, log = self._next_name("policy")
+            # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
+            # API key when given none; workers send the secret (session.HudSession.agent).
             cmd = [sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
                    "--host", self.spec.host, "--announce", str(announce), "--parent-pid", str(os.getpid())]
             if contract:
@@ -197,6 +201,8 @@ class SimPool:
             "--announce", str(announce),
             "--host", spec.host,
             "--vectorization", spec.vectorization,
+            "--tick", spec.tick,
+            "--tick-window", repr(spec.tick_window),
             "--build-args", json.dumps(build),
             "--claim-timeout", str(spec.claim_timeout),
             "--first-action-timeout", str(spec.first_action_timeout),

@@ -136,16 +136,18 @@ class HudSession:
         agent = self.agents.get(key)
         if agent is None:
             spec = policy
+            served: dict[str, Any] = {}
             if self.settings.policy_server and policy_kind(policy) != "openpi":
                 # One model copy for the whole run, batched across workers: this worker loads none.
                 try:
                     spec = self.pool_call("policy_server", spec=policy, contract=contract.to_dict())
                 except RpcError as exc:
                     raise EpisodeError(f"no policy server for {policy!r}: {exc.message}") from None
+                served["api_key"] = self.secret  # the pool starts its policy servers keyed with the run secret
             try:
                 model = load_policy(spec, contract, n_action_steps=self.settings.n_action_steps,
                                     timeout=self.settings.first_action_timeout,
-                                    threads=_model_threads())
+                                    threads=_model_threads(), **served)
             except PolicyError as exc:
                 raise EpisodeError(str(exc)) from None
             agent = Agent(

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from .shard import Shard, parse_shard
+
 __all__ = ["OPTIONS", "Option", "SettingsError", "HudSettings", "ItemSettings", "Timeouts"]
 
 
@@ -48,6 +50,10 @@ OPTIONS: dict[str, Option] = {
     "n_action_steps": Option(int, None, "Actions executed from each predicted chunk before re-planning"),
     "policy_server": Option(bool, False, "Serve the policy from one batched policy server per run (workers load no model)"),
     "vectorization": Option(str, "sync", "How bridges vectorize single envs: sync or async", ("sync", "async")),
+    "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
+                   "(the slots whose actions are in; independent envs only) or auto (ready where the sim "
+                   "supports it)", ("auto", "lockstep", "ready")),
+    "tick_window": Option(float, 0.001, "Ready mode: seconds a tick waits for more actions after the first one arrives"),
     "baseline": Option(str, None, "Gate against this results file from an earlier run (the last good checkpoint)"),
     "gate": Option(str, None, "YAML gate file: alpha, max_drop, min_coverage, per-task min_success floors"),
     "alpha": Option(float, None, "Family-wise false-alarm rate of the gate across tasks (default 0.05)"),
@@ -61,10 +67,13 @@ OPTIONS: dict[str, Option] = {
     "html": Option(str, None, "Write a standalone HTML summary page here (works without pytest-html)"),
     "progress_interval": Option(float, 10.0, "Seconds between live per-task progress lines (0 turns them off)"),
     "record": Option(str, None, "Record every graded episode into a LeRobot v3 dataset in this new directory"),
+    "shard": Option(str, None, "Run only shard I of N of the suite's episodes (e.g. 2/4); combine the shards' "
+                               "results files with: python -m pytest_hud merge"),
 }
 
 _POSITIVE = ("boot_timeout", "first_action_timeout", "step_timeout")
 _AT_LEAST_ONE = ("width", "max_steps", "n_action_steps")
+_NON_NEGATIVE = ("tick_window",)
 
 
 def flag(name: str) -> str:
@@ -144,6 +153,8 @@ class HudSettings:
     n_action_steps: int | None = None
     policy_server: bool = False
     vectorization: str = "sync"
+    tick: str = "auto"
+    tick_window: float = 0.001
     baseline: str | None = None
     gate: str | None = None
     alpha: float | None = None
@@ -157,6 +168,7 @@ class HudSettings:
     html: str | None = None
     progress_interval: float = 10.0
     record: str | None = None
+    shard: str | None = None  # "I/N"; see pytest_hud.shard
     # Not options: facts of the run, set by the controller.
     policy_cli: str | None = None  # --hud-policy as given on the command line (beats the marker)
     workers: int = 1
@@ -192,9 +204,24 @@ class HudSettings:
         for name in _POSITIVE:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{flag(name)} must be positive, got {getattr(self, name)}")
+        for name in _NON_NEGATIVE:
+            if not getattr(self, name) >= 0:
+                raise SettingsError(f"{flag(name)} must be zero or more, got {getattr(self, name)}")
         for name, opt in OPTIONS.items():
             if opt.choices and getattr(self, name) not in opt.choices:
                 raise SettingsError(f"{flag(name)} must be {_either(opt.choices)}, got {getattr(self, name)!r}")
+        if self.shard is not None:
+            self.shard_spec  # noqa: B018 - raises SettingsError for a bad I/N
+
+    @property
+    def shard_spec(self) -> Shard | None:
+        """``--hud-shard`` parsed (None: the whole suite)."""
+        if self.shard is None:
+            return None
+        try:
+            return parse_shard(self.shard)
+        except ValueError as exc:
+            raise SettingsError(f"{exc} (ini key: hud_shard)") from None
 
     @property
     def slots(self) -> int:

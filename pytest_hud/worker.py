@@ -25,6 +25,7 @@ __all__ = ["EPISODE_FIXTURES", "LazyWorker", "WorkerHooks", "declaration", "epis
 
 EPISODE_FIXTURES = frozenset({"shared_sim", "robot_agent"})
 DESELECTED_KEY = pytest.StashKey[list]()
+SHARD_KEY = pytest.StashKey[dict]()  # --hud-shard: {"index", "count", "suite", "out": set of nodeids}
 
 
 def is_episode_item(item: pytest.Item) -> bool:
@@ -43,7 +44,30 @@ def item_identity(item: pytest.Item) -> dict[str, Any]:
 
 
 def note_deselected(config: pytest.Config, items: list[pytest.Item]) -> None:
-    config.stash.setdefault(DESELECTED_KEY, []).extend(i for i in items if is_episode_item(i))
+    out = config.stash[SHARD_KEY]["out"] if SHARD_KEY in config.stash else ()
+    # Episodes of other shards are not "deselected with -k/-m": the ledger hears of them as shards.
+    config.stash.setdefault(DESELECTED_KEY, []).extend(i for i in items if is_episode_item(i) and i.nodeid not in out)
+
+
+def select_shard(config: pytest.Config, items: list[pytest.Item], settings: HudSettings) -> None:
+    """Keep this shard's episodes (``--hud-shard I/N``) in ``items``; deselect the other shards'.
+
+    Runs after ``-k``/``-m`` (the partition is of what the run selected). Tests that are not
+    episodes stay in every shard.
+    """
+    from .shard import partition, suite_tasks
+
+    shard = settings.shard_spec
+    if shard is None:
+        return
+    episodes = [(item, item_identity(item)) for item in items if is_episode_item(item)]
+    pairs = [(ident["task"], ident["episode"]) for _, ident in episodes]
+    where = partition(pairs, shard.count)
+    out = {item.nodeid for item, ident in episodes if where[(ident["task"], ident["episode"])] != shard.index}
+    config.stash[SHARD_KEY] = {"index": shard.index, "count": shard.count, "suite": suite_tasks(pairs), "out": out}
+    if out:
+        items[:] = [item for item in items if item.nodeid not in out]
+        config.hook.pytest_deselected(items=[item for item, _ in episodes if item.nodeid in out])
 
 
 def start_worker(config: pytest.Config, hud: dict[str, Any], worker: int | None = None) -> HudSession:
@@ -70,9 +94,13 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
                 ident["min_success"] = floor
             declared.append(ident)
     deselected = sorted({item_identity(i)["task"] for i in session.config.stash.get(DESELECTED_KEY, [])})
-    if not declared and not deselected:
+    shard = session.config.stash.get(SHARD_KEY, None)
+    if not declared and not deselected and shard is None:
         return None
-    return {"episodes": declared, "worker": hud.worker, "deselected": deselected}
+    data = {"episodes": declared, "worker": hud.worker, "deselected": deselected}
+    if shard is not None:  # the whole suite too: the gate and the merge need the other shards' episodes
+        data["shard"] = {key: shard[key] for key in ("index", "count", "suite")}
+    return data
 
 
 def declare_episodes(session: pytest.Session, hud: HudSession | None) -> None:
@@ -132,6 +160,11 @@ class WorkerHooks:
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         note_deselected(self.config, items)
+
+    @pytest.hookimpl(trylast=True)  # after -k/-m: a shard is a part of what the run selected
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        select_shard(config, items, self.hud.settings)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         declare_episodes(session, self.hud)

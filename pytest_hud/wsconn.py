@@ -12,9 +12,10 @@ import select
 import socket
 import time
 from collections import deque
+from collections.abc import Mapping
 
 from websockets.client import ClientProtocol
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.frames import Opcode
 from websockets.http11 import Response
 from websockets.protocol import State
@@ -26,7 +27,8 @@ __all__ = ["BlockingWebSocket"]
 class BlockingWebSocket:
     """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP socket."""
 
-    def __init__(self, url: str, max_size: int, open_timeout: float = 30.0) -> None:
+    def __init__(self, url: str, max_size: int, open_timeout: float = 30.0,
+                 headers: Mapping[str, str] | None = None) -> None:
         uri = parse_uri(url)
         if uri.secure:
             raise InvalidURI(url, "wss:// is not supported by the slot client; bridges are plain loopback")
@@ -43,10 +45,15 @@ class BlockingWebSocket:
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
         try:
-            self._protocol.send_request(self._protocol.connect())
+            request = self._protocol.connect()
+            for name, value in (headers or {}).items():  # e.g. a policy server's Authorization
+                request.headers[name] = value
+            self._protocol.send_request(request)
             self._flush()
-            while self._protocol.state is State.CONNECTING:
+            while self._protocol.state is State.CONNECTING and self._protocol.handshake_exc is None:
                 self._read(max(0.0, deadline - time.monotonic()))
+            if isinstance(self._protocol.handshake_exc, InvalidStatus):
+                raise self._protocol.handshake_exc  # the caller can read the HTTP status (401, 403, ...)
             if self._protocol.state is not State.OPEN:
                 raise InvalidHandshake(f"handshake with {url} failed: {self._protocol.handshake_exc}")
         except BaseException:

@@ -74,11 +74,12 @@ def loop() -> LoopPolicy:
 
 
 # ------------------------------------------------------------------------------ the server
-def start_server(tmp_path: Path, policy: str, *extra: str, timeout: float = 60.0):
+def start_server(tmp_path: Path, policy: str, *extra: str, timeout: float = 60.0, env: dict | None = None):
     """Start ``python -m pytest_hud.agent.server`` and wait for its announce file; (process, announce)."""
     announce = tmp_path / f"policy-{time.monotonic_ns()}.json"
     proc, _ = launch([sys.executable, "-m", "pytest_hud.agent.server", "--policy", policy, "--port", "0",
-                      *extra, "--announce", str(announce)], tmp_path, "policy server", timeout, cwd=REPO)
+                      *extra, "--announce", str(announce)], tmp_path, "policy server", timeout, cwd=REPO,
+                      env=env)
     return proc, json.loads(announce.read_text())
 
 

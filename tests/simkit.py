@@ -65,6 +65,34 @@ def counter_waves(num_envs: int, length: int = 3):
     return CounterSim(num_envs, length=length, slot_reset=False)
 
 
+class AllAtOnceSim(CounterSim):
+    """A sim that resets every slot whenever it resets (a vector env without ``reset_mask``).
+
+    An episode lasts ``seed`` steps of reward 1, so a run that is never disturbed by a reset meant
+    for another slot ends with ``steps == total_reward == seed`` and sees its seed in every frame.
+    """
+
+    def __init__(self, num_envs: int):
+        super().__init__(num_envs, slot_reset=False)
+
+    def reset_slots(self, indices, seeds, options):
+        self.resets.append(list(indices))
+        self.seed[:] = 0
+        self.t[:] = 0
+        for i, s in zip(indices, seeds):
+            self.seed[i] = 0 if s is None else s
+        return np.zeros(len(indices), bool)
+
+    def step(self, actions):
+        self.t += 1
+        done = self.t >= np.maximum(self.seed, 1)
+        return StepBatch(np.ones(self.width), done, np.zeros(self.width, bool))
+
+
+def all_at_once(num_envs: int):
+    return AllAtOnceSim(num_envs)
+
+
 class _ImageStateEnv(gym.Env):
     """A Dict observation with a camera and a state vector (for contract derivation)."""
 

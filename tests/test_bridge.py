@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import gymnasium as gym
@@ -221,6 +222,78 @@ def test_wave_fallback_claims_wait_for_the_next_global_reset(bridge):
 
     assert run_threads([episode(3, 0), episode(6, 0), episode(7, 0.3)]) == []
     assert sorted(s for _, s, _ in order) == [3, 6, 7]
+
+
+def run_to_the_end(address, control, claim, seed, pause: float = 0.0):
+    """Step an all_at_once episode to its end, checking that every frame is still its own."""
+    with SlotClient(address, claim.token, recv_timeout=20) as ws:
+        frame = ws.first_observation
+        while not frame["terminated"]:
+            assert frame["state"][0] == seed, "another slot's reset reached this live episode"
+            time.sleep(pause)
+            frame = ws.step(np.zeros(1, np.float32))
+    grade = control.result(claim.token)
+    assert (grade["steps"], grade["total_reward"]) == (seed, seed)
+
+
+def test_a_wave_episode_that_ends_first_does_not_reset_its_live_peer(bridge):
+    address = bridge(f"{SIMKIT}:all_at_once", 2)
+
+    def episode(seed):
+        def go():
+            with ControlClient(address) as control:
+                run_to_the_end(address, control, control.reset(seed=seed, wait=20), seed)
+        return go
+
+    assert run_threads([episode(2), episode(5)]) == []
+
+
+def test_a_claim_during_a_running_wave_waits_for_its_end(bridge):
+    address = bridge(f"{SIMKIT}:all_at_once", 2)
+    with ControlClient(address) as first, ControlClient(address) as late:
+        claim = first.reset(seed=5, wait=20)  # its wave is reset; its agent dials below
+        errors: list[BaseException] = []
+
+        def claim_late():
+            try:
+                run_to_the_end(address, late, late.reset(seed=3, wait=20), 3)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=claim_late)
+        thread.start()
+        run_to_the_end(address, first, claim, 5, pause=0.03)  # a next wave now would reset it
+        thread.join(30)
+        assert not thread.is_alive() and errors == []
+
+
+def test_ready_mode_runs_an_episode_while_a_peer_is_silent(bridge):
+    address = bridge("Pendulum-v1", 2)  # one env per slot: auto picks ready
+    env = gym.make("Pendulum-v1")
+    expected = [env.reset(seed=8)[0]] + [env.step(np.float32([0.5]))[0] for _ in range(5)]
+    with ControlClient(address) as a, ControlClient(address) as b:
+        assert a.stats()["tick"] == "ready"
+        silent, quick = a.reset(seed=1), b.reset(seed=8)
+        with SlotClient(address, silent.token) as warming_up, \
+                SlotClient(address, quick.token, recv_timeout=20) as ws:
+            frames = [ws.first_observation["state"]]
+            for _ in range(5):  # under lockstep the first step would wait for the silent peer
+                frames.append(ws.step(np.float32([0.5]))["state"])
+            np.testing.assert_array_equal(np.array(frames), np.array(expected))
+            stats = b.stats()
+            assert stats["slot_steps"] == stats["env_steps"] == 5  # the silent slot was never stepped
+            warming_up.step(np.float32([0.0]))
+        assert b.result(quick.token)["steps"] == 5 and a.result(silent.token)["steps"] == 1
+
+
+def test_ready_mode_is_refused_on_a_natively_batched_sim_with_the_fix():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pytest_hud.sim", COUNTER, "--tick", "ready"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "this sim steps all its slots in one batched call; use --hud-tick=auto" in out.stderr
 
 
 def test_a_bad_secret_is_refused(bridge):

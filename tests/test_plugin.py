@@ -176,13 +176,14 @@ def _per_episode(path) -> dict:
             for r in load_results(path).episodes}
 
 
-def test_per_episode_results_are_identical_under_any_workers_and_width(project):
+def test_per_episode_results_are_identical_under_any_workers_width_and_tick_mode(project):
     project.makepyfile(test_det=DETERMINISM)
-    runs = {
+    runs = {  # one env per slot: auto ticks in ready mode
         "n0": ["-p", "no:xdist"],
+        "n0-lockstep": ["-p", "no:xdist", "--hud-tick=lockstep"],
         "n2w2": ["-n", "2", "--hud-width=2"],
-        "n4w2": ["-n", "4", "--hud-width=2"],
-        "n4w4": ["-n", "4", "--hud-width=4"],
+        "n4w2-lockstep": ["-n", "4", "--hud-width=2", "--hud-tick=lockstep"],
+        "n4w4-ready": ["-n", "4", "--hud-width=4", "--hud-tick=ready", "--hud-tick-window=0"],
     }
     seen = {}
     for name, args in runs.items():
@@ -194,6 +195,34 @@ def test_per_episode_results_are_identical_under_any_workers_and_width(project):
     assert len({steps for _, steps, _, _ in reference.values()}) > 1  # the seeds really differ
     for name, episodes in seen.items():
         assert episodes == reference, name
+
+
+BATCHED = '''
+import gymnasium as gym
+
+def cartpole(num_envs):
+    """Natively batched: one call steps every slot, so it ticks in lockstep only."""
+    return gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="vector_entry_point")
+'''
+
+TICK = '''
+def test_tick(shared_sim, request):
+    asked = request.config.getoption("hud_tick") or "auto"
+    assert shared_sim.stats()["tick"] == {"auto": "ready", "lockstep": "lockstep"}[asked]
+'''
+
+
+def test_the_tick_mode_reaches_the_bridge_and_an_impossible_one_is_refused(project):
+    project.makepyfile(batched=BATCHED, test_tick=TICK)
+    for args in ([], ["--hud-tick=lockstep"]):  # one env per slot: auto is ready
+        run(project, "-p", "no:xdist", "test_tick.py", *args).assert_outcomes(passed=1)
+    refused = run(project, "-p", "no:xdist", "test_tick.py", "--hud-sim=batched:cartpole", "--hud-tick=ready")
+    refused.assert_outcomes(errors=1)
+    refused.stdout.fnmatch_lines(["*tick mode 'ready' needs a sim whose slots are independent envs, but this "
+                                  "sim steps all its slots in one batched call; use --hud-tick=auto*"])
+    usage = run(project, "--hud-tick=fast")
+    assert usage.ret == pytest.ExitCode.USAGE_ERROR
+    usage.stderr.fnmatch_lines(["*--hud-tick must be auto, lockstep or ready, got 'fast'*"])
 
 
 def test_results_file_keeps_every_finished_episode_when_the_run_is_killed(project):

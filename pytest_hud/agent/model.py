@@ -128,7 +128,7 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
     if kind == "openpi":
         from .remote import RemotePolicy
 
-        return RemotePolicy(spec, **{k: v for k, v in options.items() if k in ("timeout",)})
+        return RemotePolicy(spec, **{k: v for k, v in options.items() if k in ("timeout", "api_key")})
     if kind == "lerobot":
         from .lerobot import LeRobotPolicy
 

@@ -12,6 +12,13 @@ bounded by ``timeout``. ::
     chunk = policy.predict({"state": state}, prompt="reach the goal")  # [T, A]
     policy.close()
 
+A server bound beyond loopback requires a key (see :mod:`pytest_hud.agent.server`). The client
+sends it as openpi-client's ``WebsocketClientPolicy(..., api_key=KEY)`` does, in an
+``Authorization: Api-Key KEY`` header of the WebSocket handshake; ``api_key`` defaults to the
+``PYTEST_HUD_POLICY_KEY`` environment variable. ::
+
+    policy = RemotePolicy("ws://gpu-box:8000", api_key=os.environ["MY_KEY"])
+
 One connection per process, opened on first use (and again in a forked child, or after the server
 closed the previous one, e.g. following an error that failed one episode).
 """
@@ -23,12 +30,19 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from ..wire import MAX_FRAME_BYTES, NotAMapError, TextFrameError, WireError, packb, unpack_map
 from ..wsconn import BlockingWebSocket
 
-__all__ = ["RemotePolicy", "RemotePolicyError"]
+__all__ = ["API_KEY_ENV", "RemotePolicy", "RemotePolicyError", "api_key_header"]
+
+API_KEY_ENV = "PYTEST_HUD_POLICY_KEY"  # the policy server's key, for the server and its clients
+
+
+def api_key_header(key: str) -> dict[str, str]:
+    """The handshake header that carries ``key``, exactly as openpi-client sends it."""
+    return {"Authorization": f"Api-Key {key}"}
 
 
 class RemotePolicyError(RuntimeError):
@@ -38,7 +52,7 @@ class RemotePolicyError(RuntimeError):
 class RemotePolicy:
     """A :class:`~pytest_hud.agent.model.Model` that asks an openpi-compatible server for actions."""
 
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, api_key: str | None = None) -> None:
         if not url.startswith("ws://"):
             raise RemotePolicyError(
                 f"policy server URL {url!r} must start with ws:// (wss:// is not supported)"
@@ -47,6 +61,7 @@ class RemotePolicy:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
         self.url = url
         self.timeout = float(timeout)
+        self.api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         self.metadata: dict[str, Any] | None = None  # the server's metadata frame, once connected
         self.last_reply: dict[str, Any] | None = None  # the whole last reply (server_timing, ...)
         self._ws: BlockingWebSocket | None = None
@@ -65,7 +80,10 @@ class RemotePolicy:
         # A connection inherited through fork belongs to the parent: leave its socket alone.
         self._ws = None
         try:
-            ws = BlockingWebSocket(self.url, max_size=MAX_FRAME_BYTES, open_timeout=self.timeout)
+            ws = BlockingWebSocket(self.url, max_size=MAX_FRAME_BYTES, open_timeout=self.timeout,
+                                   headers=api_key_header(self.api_key) if self.api_key else None)
+        except InvalidStatus as exc:
+            raise RemotePolicyError(self._refused(exc)) from None
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
             raise RemotePolicyError(
                 f"cannot connect to the policy server at {self.url}: {type(exc).__name__}: {exc}; "
@@ -78,6 +96,17 @@ class RemotePolicy:
             raise
         self._ws, self._pid, self.metadata = ws, os.getpid(), metadata
         return ws
+
+    def _refused(self, exc: InvalidStatus) -> str:
+        status = exc.response.status_code
+        if status in (401, 403):
+            have = "sent no key" if not self.api_key else "sent a key the server does not accept"
+            return (
+                f"the policy server at {self.url} refused the connection (HTTP {status}): this client "
+                f"{have}; pass the server's key as RemotePolicy(api_key=...) or in the "
+                f"{API_KEY_ENV} environment variable"
+            )
+        return f"the policy server at {self.url} refused the WebSocket handshake (HTTP {status})"
 
     def _recv(self, ws: BlockingWebSocket, what: str) -> bytes | str:
         try:

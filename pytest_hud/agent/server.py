@@ -34,6 +34,16 @@ Which contract the policy is loaded for:
 HTTP on the same port: ``GET /healthz`` answers ``200 OK`` (as openpi's server does) and
 ``GET /stats`` a JSON object counting requests, forwards and batch sizes.
 
+A key: the server takes one from ``--api-key``, else ``PYTEST_HUD_SECRET`` (the run secret, which
+pytest-hud sets only for the servers it starts, and which its workers send), else the
+``PYTEST_HUD_POLICY_KEY`` environment variable (a key of your own for a server you start). With a key, every WebSocket handshake (and ``GET /stats``) must carry
+``Authorization: Api-Key KEY``, the header openpi-client's ``WebsocketClientPolicy(...,
+api_key=KEY)`` sends: none is answered ``401``, a wrong one ``403``; ``/healthz`` stays open for
+load balancers. Bound beyond loopback (``--host 0.0.0.0``, a LAN address), the server refuses to
+start without a key. The key keeps strangers from using the policy; it does not encrypt anything
+(plain ``ws://``: use a private network or a TLS-terminating proxy for that). Prefer the
+environment variable to ``--api-key``, which other users of the host can read in ``ps``.
+
 Once bound, the server writes its announce file (mode 0600, atomic)
 ``{"ws": PORT, "pid": PID, "host": HOST, "url": "ws://HOST:PORT"}`` and exits by itself when its
 parent process dies (``--parent-pid``, default: the process that started it).
@@ -44,7 +54,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
 import http
+import ipaddress
 import json
 import os
 import signal
@@ -65,11 +77,36 @@ from websockets.frames import CloseCode
 from ..contract import flatten_observation
 from ..announce import parent_alive, write_announce
 from ..wire import MAX_FRAME_BYTES, NotAMapError, TextFrameError, WireError, packb, unpack_map
+from .remote import API_KEY_ENV
 
-__all__ = ["PROTOCOL", "PolicyServer", "RequestError", "load_server_policy", "main"]
+__all__ = ["PROTOCOL", "PolicyServer", "RequestError", "is_loopback", "load_server_policy", "main"]
 
 PROTOCOL = "pytest-hud/policy/1"
 PROMPT_KEY = "prompt"  # the key openpi clients put the task instruction under
+SECRET_ENV = "PYTEST_HUD_SECRET"  # the run secret the pool hands its children (the default key)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server on this machine (``""`` and ``0.0.0.0`` do not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: it may resolve to any interface
+
+
+def key_required_error(host: str) -> str | None:
+    """Why a server without a key must not bind ``host``, or None when it may."""
+    if is_loopback(host):
+        return None
+    return (
+        f"refusing to serve on {host!r} without a key: a policy server reachable beyond this machine "
+        f"must authenticate its clients. Set {API_KEY_ENV}=KEY in the server's environment (or pass "
+        "--api-key KEY); clients send it as 'Authorization: Api-Key KEY' (pytest-hud: the same "
+        f"{API_KEY_ENV} variable or RemotePolicy(api_key=KEY); openpi-client: "
+        "WebsocketClientPolicy(host, port, api_key=KEY)). Or bind 127.0.0.1"
+    )
 
 
 class RequestError(ValueError):
@@ -137,12 +174,14 @@ class PolicyServer:
         max_batch: int = 0,
         metadata: Mapping[str, Any] | None = None,
         name: str = "policy",
+        api_key: str | None = None,
     ) -> None:
         if batch_window_s < 0:
             raise ValueError(f"batch window must be >= 0 seconds, got {batch_window_s}")
         if max_batch < 0:
             raise ValueError(f"max batch must be >= 0 (0: no limit), got {max_batch}")
         self.model = model
+        self.api_key = api_key or None
         self.batch_window_s = batch_window_s
         self.max_batch = max_batch
         self.name = name
@@ -172,6 +211,7 @@ class PolicyServer:
             "max_batch_seen": 0,
             "connections": 0,  # open now
             "connections_total": 0,
+            "refused": 0,  # handshakes without the right key
         }
         self.port = 0
         self._waiting: deque[_Pending] = deque()
@@ -182,7 +222,12 @@ class PolicyServer:
 
     # ------------------------------------------------------------- lifecycle
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Bind and start serving; returns the bound port."""
+        """Bind and start serving; returns the bound port.
+
+        Raises ``PermissionError`` for a host beyond loopback when the server has no key.
+        """
+        if self.api_key is None and (refusal := key_required_error(host)):
+            raise PermissionError(refusal)
         self._arrived = asyncio.Event()
         self._batcher = asyncio.create_task(self._batch_loop(), name="hud-policy-batcher")
         self._server = await serve(
@@ -228,12 +273,37 @@ class PolicyServer:
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if self.api_key is not None and (refused := self._check_key(connection, request)) is not None:
+            return refused
         if path == "/stats":
             response = connection.respond(http.HTTPStatus.OK, json.dumps(self.snapshot()) + "\n")
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = "application/json"
             return response
         return None  # the WebSocket handshake
+
+    def _check_key(self, connection: ServerConnection, request: Request) -> Response | None:
+        """None when the request carries the key; else the 401 (no key) or 403 (wrong key)."""
+        assert self.api_key is not None
+        header = request.headers.get("Authorization")
+        if header is None:
+            self.stats["refused"] += 1
+            response = connection.respond(
+                http.HTTPStatus.UNAUTHORIZED,
+                "this policy server needs a key: send the header 'Authorization: Api-Key KEY' "
+                "(openpi-client: WebsocketClientPolicy(..., api_key=KEY); pytest-hud: "
+                f"{API_KEY_ENV}=KEY)\n",
+            )
+            response.headers["WWW-Authenticate"] = "Api-Key"
+            return response
+        scheme, _, given = header.strip().partition(" ")
+        if scheme.lower() != "api-key" or not hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
+            self.stats["refused"] += 1
+            return connection.respond(
+                http.HTTPStatus.FORBIDDEN,
+                "wrong key: the 'Authorization: Api-Key ...' header does not match this policy server's key\n",
+            )
+        return None
 
     # ------------------------------------------------------------ connection
     async def _serve_connection(self, ws: ServerConnection) -> None:
@@ -454,6 +524,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Torch intra-op threads for the model (0: torch's default, one per core)")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="Exit when this process dies (default: the parent process)")
+    p.add_argument("--api-key", default=None,
+                   help=f"Require this key from clients (default: ${SECRET_ENV}, else ${API_KEY_ENV}; "
+                        "required beyond loopback). Prefer the environment variable: ps shows arguments")
     return p.parse_args(argv)
 
 
@@ -464,9 +537,13 @@ async def _serve(args: argparse.Namespace, model: Any, parent: int) -> int:
         max_batch=args.max_batch,
         metadata={"policy": args.policy},
         name=args.policy,
+        api_key=args.api_key,
     )
     try:
         port = await server.start(args.host, args.port)
+    except PermissionError as exc:
+        print(f"pytest-hud policy server: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"pytest-hud policy server: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
@@ -478,7 +555,7 @@ async def _serve(args: argparse.Namespace, model: Any, parent: int) -> int:
     if args.announce:
         write_announce(args.announce, payload)
     print(f"pytest-hud policy server: serving {args.policy} on ws://{args.host}:{port} "
-          f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+          f"(pid {os.getpid()}, {'key required' if server.api_key else 'no key'})", file=sys.stderr, flush=True)
     try:
         while not stop.is_set():
             if parent > 1 and not parent_alive(parent):
@@ -499,6 +576,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_window_ms < 0 or args.max_batch < 0 or args.threads < 0:
         print("pytest-hud policy server: --batch-window-ms, --max-batch and --threads must be >= 0",
               file=sys.stderr)
+        return 2
+    # The key: the flag, else the run secret a pytest-hud launcher passes (it beats a user's own key
+    # that happens to be in the environment: the run's workers send the secret), else the user's.
+    # Popped, so that nothing the policy starts inherits them.
+    keys = [os.environ.pop(SECRET_ENV, None), os.environ.pop(API_KEY_ENV, None)]
+    args.api_key = args.api_key or next((key for key in keys if key), None)
+    if args.api_key is None and (refusal := key_required_error(args.host)):
+        print(f"pytest-hud policy server: {refusal}", file=sys.stderr)  # before loading a model
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local folder; never reach out
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -19,6 +19,7 @@ import threading
 
 from ..announce import parent_alive, write_announce
 from .mainthread import MainThreadExecutor
+from .engine import DEFAULT_TICK_WINDOW, TICK_MODES, resolve_tick
 from .server import BridgeServer, Timeouts
 from .target import TargetError, load_sim
 
@@ -61,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--build-args", default="{}", help="JSON object of env-defining arguments")
     p.add_argument("--hold", choices=("zeros", "repeat"), default="zeros",
                    help="Action given to free, finished and disconnected slots")
+    p.add_argument("--tick", choices=TICK_MODES, default="auto",
+                   help="auto: ready where the slots are independent envs, else lockstep; lockstep: step "
+                        "when every episode has acted; ready: step the slots whose actions are in")
+    p.add_argument("--tick-window", type=float, default=DEFAULT_TICK_WINDOW,
+                   help="Ready mode: seconds a tick waits for more actions after the first one arrives")
     p.add_argument("--claim-timeout", type=float, default=30.0, help="Seconds to send the claim frame")
     p.add_argument("--first-action-timeout", type=float, default=300.0,
                    help="Seconds for the first action (model warm-up)")
@@ -95,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             sim.contract = lambda: saved  # type: ignore[method-assign]  # names from the file win
         if args.save_contract:
             contract.save(args.save_contract)
+        if not args.tick_window >= 0:
+            raise ValueError(f"--tick-window must be a non-negative number of seconds, got {args.tick_window}")
+        tick = resolve_tick(args.tick, slot_step=sim.supports_slot_step, slot_reset=sim.supports_slot_reset)
     except (TargetError, ValueError) as exc:
         print(f"pytest-hud bridge: {exc}", file=sys.stderr)
         return 2
@@ -113,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         hold=args.hold,
         build_args=build_args,
         target=args.target,
+        tick=tick,
+        tick_window=args.tick_window,
     )
 
     def serve() -> None:

@@ -53,10 +53,17 @@ class VectorSim:
     - :meth:`observe` — the current observation of every slot, ``{feature: [N, ...]}``.
 
     Set ``supports_slot_reset = False`` when the sim can only reset all slots at once; the bridge
-    then gathers claims into waves.
+    then gathers claims into waves, and steps a finished slot with hold actions until the next wave
+    (never ``reset_slots`` on it alone).
+
+    Set ``supports_slot_step = True`` and override :meth:`step_slots` when the slots are independent
+    envs that can be stepped one subset at a time; the bridge then ticks in *ready* mode (steps the
+    slots whose actions are in, so a slow policy does not set its peers' pace). Natively batched
+    sims leave it False and tick in *lockstep*.
     """
 
     supports_slot_reset: bool = True
+    supports_slot_step: bool = False
 
     def __init__(self, width: int) -> None:
         self.width = int(width)
@@ -73,6 +80,12 @@ class VectorSim:
         raise NotImplementedError
 
     def step(self, actions: np.ndarray) -> StepBatch:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def step_slots(self, actions: np.ndarray, mask: np.ndarray) -> StepBatch:  # pragma: no cover - interface
+        """Advance only the slots where ``mask`` (``[N]`` bool) is True, with their rows of ``actions``
+        (``[N, *action_shape]``; the other rows are to be ignored). The other slots must not change
+        at all; their rows of the returned ``[N]`` batch are ignored (report zeros and False)."""
         raise NotImplementedError
 
     def observe(self) -> dict[str, np.ndarray]:  # pragma: no cover - interface
@@ -112,13 +125,21 @@ def success_from_infos(infos: Mapping[str, Any], n: int) -> np.ndarray:
 
 
 class GymSim(VectorSim):
-    """A gymnasium vector env with autoreset disabled, reset per slot through ``reset_mask``."""
+    """A gymnasium vector env with autoreset disabled, reset per slot through ``reset_mask``.
+
+    A ``SyncVectorEnv`` (one independent env per slot) is also stepped per slot: :meth:`step_slots`
+    steps the chosen sub-envs themselves, and this adapter keeps every slot's observation row, since
+    the vector env's own buffer is only refreshed by its (unused) batched ``step``.
+    """
 
     def __init__(self, env: Any, control_rate: float | None = None) -> None:
+        from gymnasium.vector import SyncVectorEnv
+
         super().__init__(env.num_envs)
         self.env = env
         mode = env.metadata.get("autoreset_mode")
         self.supports_slot_reset = getattr(mode, "value", mode) == "Disabled"
+        self.supports_slot_step = self.supports_slot_reset and isinstance(env, SyncVectorEnv)
         # One global reset gives the sample observation the contract is derived from, and leaves
         # every sub-env in a steppable state.
         obs, _ = env.reset()
@@ -133,6 +154,8 @@ class GymSim(VectorSim):
         if not isinstance(obs, Mapping):
             self._bare_key = next(iter(self._contract.observation_features))
             self._obs = {self._bare_key: np.asarray(obs)}
+        if self.supports_slot_step:  # rows are written one slot at a time: own writable copies
+            self._obs = {k: np.array(v) for k, v in self._obs.items()}
 
     _bare_key: str | None = None
 
@@ -156,8 +179,35 @@ class GymSim(VectorSim):
             mask[list(indices)] = True
             opts["reset_mask"] = mask
         obs, infos = self.env.reset(seed=seed_list, options=opts or None)
-        self._obs = self._flatten(obs)  # untouched slots come back unchanged
+        flat = self._flatten(obs)
+        if self.supports_slot_reset:  # only the reset rows: the others are ours (see step_slots)
+            rows = list(indices)
+            for key, value in flat.items():
+                self._obs[key][rows] = value[rows]
+        else:
+            self._obs = flat
         return success_from_infos(infos, n)[list(indices)]
+
+    def step_slots(self, actions: np.ndarray, mask: np.ndarray) -> StepBatch:
+        if not self.supports_slot_step:
+            raise NotImplementedError("only a SyncVectorEnv with autoreset disabled steps a subset of slots")
+        n = self.width
+        rewards, terminated, truncated = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
+        success, score = np.zeros(n, bool), None
+        envs = self.env.envs
+        for i in np.flatnonzero(mask):
+            obs, rewards[i], terminated[i], truncated[i], info = envs[i].step(actions[i])
+            if self._bare_key is not None:
+                self._obs[self._bare_key][i] = obs
+            else:
+                for key, value in flatten_observation(obs).items():
+                    self._obs[key][i] = value
+            success[i] = any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None)
+            if info.get("score") is not None:
+                if score is None:
+                    score = np.full(n, np.nan)
+                score[i] = float(info["score"])
+        return StepBatch(rewards, terminated, truncated, success, score)
 
     def step(self, actions: np.ndarray) -> StepBatch:
         obs, rewards, terminated, truncated, infos = self.env.step(actions)

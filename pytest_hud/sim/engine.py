@@ -7,15 +7,27 @@ only moves bytes (sockets, codec) and runs the sim calls the engine plans, on th
 is passed in (``now``: seconds on a monotonic clock), so every rule, timeouts included, is testable
 with plain function calls and a fake batch.
 
-Tick rules (DESIGN §6):
+Tick rules (DESIGN §6). A bridge ticks in one of two modes (:func:`resolve_tick` picks it):
 
-- step when every LIVE slot has sent an action; never when no slot is LIVE;
-- every other slot gets the hold action (zeros, or its last action with ``hold="repeat"``). A
-  CLAIMED slot is reset with its claim's seed only when its agent binds, so hold-steps before that
-  cannot leak into its episode; in wave mode no step at all while a reset slot waits for its agent;
-- a finished sub-env is parked (reset without a seed) before the next step;
+- **lockstep** (natively batched sims, and any sim that cannot step a subset of its slots): step
+  when every LIVE slot has sent an action; every other slot gets the hold action (zeros, or its last
+  action with ``hold="repeat"``). A CLAIMED slot is reset with its claim's seed only when its agent
+  binds, so hold-steps before that cannot leak into its episode; in wave mode no step at all while a
+  reset slot waits for its agent. A finished sub-env is parked (reset without a seed) before the
+  next step, except in wave mode: a sim that resets all slots at once would reset live ones too, so
+  its finished sub-envs are stepped with holds until the next wave;
+- **ready** (sims whose slots are independent envs: ``VectorSim.supports_slot_step``): step only
+  the LIVE slots whose actions are in, once every LIVE slot has acted or ``tick_window`` seconds
+  after the first pending action arrived, whichever comes first. Nothing else is stepped (no holds,
+  no parking), so a slow policy never sets its peers' pace and an episode's steps are the same as
+  under lockstep;
+- never step when no slot is LIVE;
 - a bad action fails that slot only; a sim exception fails the slots that acted and breaks the bridge;
 - a slot silent past its deadline (first action, then each step) is failed; its peers continue.
+
+Wave mode (sims that reset all slots at once): claims gather until the next global reset; once a
+wave is planned, a new claim waits until every episode of that wave is over, because the next global
+reset would reset them too.
 
 What the engine refuses or ends is a :mod:`.failures` class; ``str(failure)`` is what the agent reads.
 """
@@ -23,6 +35,7 @@ What the engine refuses or ends is a :mod:`.failures` class; ``str(failure)`` is
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +47,35 @@ from .failures import (ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTi
                        NoFirstObservation, SimFailed, SlotError, SlotFailure, SlotReleased, TaskError)
 from .slots import Slot, SlotState
 
-__all__ = ["Timeouts", "Handshake", "ResetPlan", "TickPlan", "BridgeEngine"]
+__all__ = ["TICK_MODES", "DEFAULT_TICK_WINDOW", "Timeouts", "Handshake", "ResetPlan", "TickPlan", "BridgeEngine", "resolve_tick"]
+
+#: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the other two.
+TICK_MODES = ("auto", "lockstep", "ready")
+#: Ready mode's default window (seconds): long enough that agents answering one tick's frames
+#: together land in one step, short next to a policy's milliseconds (``benchmarks/stragglers.py``).
+DEFAULT_TICK_WINDOW = 0.001
+
+
+def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool) -> str:
+    """The tick mode a bridge runs: ``auto`` is ``ready`` where the sim can step and reset its slots
+    one by one, else ``lockstep``. Raises ValueError for an unknown mode or ``ready`` on a sim that
+    cannot do it.
+
+    >>> resolve_tick("auto", slot_step=True, slot_reset=True), resolve_tick("auto", slot_step=False, slot_reset=True)
+    ('ready', 'lockstep')
+    """
+    if requested not in TICK_MODES:
+        raise ValueError(f"tick mode must be auto, lockstep or ready, got {requested!r} (--hud-tick)")
+    can_ready = slot_step and slot_reset
+    if requested == "auto":
+        return "ready" if can_ready else "lockstep"
+    if requested == "ready" and not can_ready:
+        why = ("steps all its slots in one batched call" if not slot_step
+               else "can only reset all its slots at once")
+        raise ValueError(
+            f"tick mode 'ready' needs a sim whose slots are independent envs, but this sim {why}; "
+            "use --hud-tick=auto or --hud-tick=lockstep")
+    return requested
 
 
 @dataclass
@@ -67,11 +108,15 @@ class ResetPlan:
 
 @dataclass
 class TickPlan:
-    """One batched step: the ``[N, *action_shape]`` batch, holds included, and the slots to park first."""
+    """One batched step: the ``[N, *action_shape]`` batch, holds included, and the slots to park first.
+
+    ``mask`` (``[N]`` bool, ready mode) says which slots step; None steps them all (lockstep).
+    """
 
     actions: np.ndarray
     park: list[int]
     acting: list[tuple[Slot, str | None, Any]]  # (slot, its token, its action) when planned
+    mask: np.ndarray | None = None
 
 
 class BridgeEngine:
@@ -79,13 +124,23 @@ class BridgeEngine:
 
     def __init__(self, width: int, contract: Contract, hold_action: Any, *, hold: str = "zeros",
                  wave: bool = False, timeouts: Timeouts | None = None,
-                 build_args: dict[str, Any] | None = None) -> None:
+                 build_args: dict[str, Any] | None = None, tick: str = "lockstep",
+                 tick_window: float = DEFAULT_TICK_WINDOW) -> None:
         if width < 1:
             raise ValueError(f"width must be at least 1, got {width}")
         if hold not in ("zeros", "repeat"):
             raise ValueError(f"hold must be 'zeros' or 'repeat', got {hold!r}")
+        if tick not in ("lockstep", "ready"):
+            raise ValueError(f"tick must be 'lockstep' or 'ready' (resolve 'auto' first), got {tick!r}")
+        if tick == "ready" and wave:
+            raise ValueError("tick mode 'ready' needs per-slot resets; a wave bridge ticks in lockstep")
+        if not tick_window >= 0:
+            raise ValueError(f"tick_window must be a non-negative number of seconds, got {tick_window!r}")
         self.slots = [Slot(i) for i in range(width)]
         self.contract, self.hold, self.wave = contract, hold, wave
+        self.tick, self.tick_window = tick, float(tick_window)
+        self._ready = tick == "ready"
+        self._wave_resetting = False  # a wave reset is planned and not applied yet
         self.timeouts = timeouts or Timeouts()
         self.build_args = dict(build_args or {})
         self._build_key = json.dumps(self.build_args, sort_keys=True)
@@ -94,7 +149,7 @@ class BridgeEngine:
         self._by_token: dict[str, Slot] = {}
         self._handshakes: set[Handshake] = set()
         self.broken: str | None = None  # the sim's traceback, once it raised
-        self.ticks = self.slot_steps = self.episodes = 0
+        self.ticks = self.slot_steps = self.env_steps = self.episodes = 0
 
     @property
     def width(self) -> int:
@@ -130,10 +185,16 @@ class BridgeEngine:
         return task
 
     def can_claim(self) -> bool:
-        """A slot is free, and (wave mode) no episode is running: a wave claim waits for the next wave."""
-        if self.wave and any(s.state in (SlotState.LIVE, SlotState.DONE) for s in self.slots):
+        """A slot is free, and (wave mode) no wave is planned or running: such a claim waits for the next."""
+        if self.wave and self._wave_busy():
             return False
         return any(s.state is SlotState.FREE for s in self.slots)
+
+    def _wave_busy(self) -> bool:
+        """A wave is being reset, or its slots wait for their agents or run (wave mode)."""
+        return self._wave_resetting or any(
+            s.state in (SlotState.LIVE, SlotState.DONE)
+            or (s.state is SlotState.CLAIMED and s.first_obs is not None) for s in self.slots)
 
     def claim(self, owner: int, task: dict[str, Any], index: int | None = None) -> Slot:
         """Mint a token for a free slot (the lowest free index unless ``index`` is given)."""
@@ -202,9 +263,15 @@ class BridgeEngine:
                          [s.options for s in slots])
 
     def plan_wave(self) -> ResetPlan | None:
-        """Wave mode: reset every claim gathered so far at once (None when there is none)."""
+        """Wave mode: reset every claim gathered so far at once (None when there is none, or while an
+        earlier wave still runs: the global reset would reset its episodes too)."""
+        if self.broken or self._wave_busy():
+            return None
         claimed = [s for s in self.slots if s.state is SlotState.CLAIMED]
-        return self.plan_reset(claimed) if claimed else None
+        if not claimed:
+            return None
+        self._wave_resetting = True
+        return self.plan_reset(claimed)
 
     def apply_reset(self, plan: ResetPlan, success_at_reset: Any, rows: dict[str, np.ndarray]) -> None:
         """Store each reset slot's first observation (``rows``: ``{feature: [len(plan.slots), ...]}``)."""
@@ -213,12 +280,14 @@ class BridgeEngine:
             s.needs_park_reset = False
             s.first_obs = {k: v[pos] for k, v in rows.items()}
         if self.wave:  # a global reset leaves no finished sub-env behind
+            self._wave_resetting = False
             for s in self.slots:
                 s.needs_park_reset = False
 
     def reset_failed(self, plan: ResetPlan, traceback: str) -> SimFailed:
         """The sim raised during ``plan``: the bridge is broken and the slots being bound fail."""
         self._mark_broken(traceback)
+        self._wave_resetting = False
         failure = SimFailed(f"sim raised during reset: {self.broken_reason}")
         for s in plan.slots:
             if s.connected:  # per-slot reset at bind; a wave's claimers hear it from reset()
@@ -277,8 +346,9 @@ class BridgeEngine:
         slot.deadline, slot.awaiting = now + self.timeouts.first_action, "first action"
         return _frame(obs, 0.0, False, False, False)
 
-    def submit_action(self, slot: Slot, action_frame: Any) -> None:
-        """Queue a LIVE slot's decoded action frame; a bad one fails that slot (raises :class:`BadAction`)."""
+    def submit_action(self, slot: Slot, action_frame: Any, now: float = 0.0) -> None:
+        """Queue a LIVE slot's decoded action frame, which arrived at ``now``; a bad one fails that
+        slot (raises :class:`BadAction`). In ready mode ``now`` opens the tick window."""
         if not isinstance(action_frame, dict) or "actions" not in action_frame:
             got = _describe(action_frame)
             raise self.refuse_action(slot, f"an action frame is {{'actions': array}}, got {got}")
@@ -289,7 +359,7 @@ class BridgeEngine:
         except Exception as exc:  # noqa: BLE001 - numpy refuses some values (ragged lists): the agent's error
             raise self.refuse_action(
                 slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})") from None
-        slot.pending_action = action
+        slot.pending_action, slot.acted_at = action, now
         slot.deadline = None  # its clock restarts when its next observation is ready
 
     def refuse_action(self, slot: Slot, reason: str) -> BadAction:
@@ -326,28 +396,53 @@ class BridgeEngine:
         return expired
 
     # ------------------------------------------------------------------ ticks
-    def ready_to_step(self) -> bool:
-        """Every live slot has sent its action, and at least one slot is live."""
-        any_live = False
+    def ready_to_step(self, now: float = math.inf) -> bool:
+        """Whether to step at ``now``: every live slot has sent its action (and one slot is live), or,
+        in ready mode, the window of the first pending action has closed (default ``now``: it has)."""
+        any_live, all_in, first = False, True, math.inf
         for s in self.slots:
             if s.state is SlotState.LIVE:
-                if s.pending_action is None:
-                    return False
                 any_live = True
-        return any_live
+                if s.pending_action is None:
+                    all_in = False
+                elif s.acted_at < first:
+                    first = s.acted_at
+        if not any_live:
+            return False
+        if all_in:
+            return True
+        return self._ready and first != math.inf and now >= first + self.tick_window
 
-    def plan_tick(self) -> TickPlan | None:
-        """The next batched step, or None when the rules say not to step now."""
-        if self.broken or not self.ready_to_step():
+    def tick_due(self) -> float | None:
+        """Ready mode: when the window of the first pending action closes (None when nothing waits)."""
+        if not self._ready:
+            return None
+        pending = [s.acted_at for s in self.slots
+                   if s.state is SlotState.LIVE and s.pending_action is not None]
+        return min(pending) + self.tick_window if pending else None
+
+    def plan_tick(self, now: float = math.inf) -> TickPlan | None:
+        """The next batched step, or None when the rules say not to step at ``now``."""
+        if self.broken or not self.ready_to_step(now):
             return None
         if self.wave and any(s.state is SlotState.CLAIMED for s in self.slots):
             return None  # a reset slot whose agent has not bound yet must not be stepped
         actions = np.empty(self._batch_shape, self._hold_action.dtype)
         park, acting = [], []
+        if self._ready:  # only the slots whose actions are in; the others are not stepped at all
+            mask = np.zeros(len(self.slots), bool)
+            for s in self.slots:
+                if s.state is SlotState.LIVE and s.pending_action is not None:
+                    actions[s.index] = s.pending_action
+                    acting.append((s, s.token, s.pending_action))
+                    mask[s.index] = True
+                else:
+                    actions[s.index] = self._hold_action  # keeps the batch well-formed; not stepped
+            return TickPlan(actions, park, acting, mask)
         repeat = self.hold == "repeat"
         for s in self.slots:
             live = s.state is SlotState.LIVE
-            if s.needs_park_reset and not live:
+            if s.needs_park_reset and not live and not self.wave:
                 park.append(s.index)
             if live:
                 actions[s.index] = s.pending_action
@@ -371,6 +466,11 @@ class BridgeEngine:
         self.ticks += 1
         self.slot_steps += len(plan.acting)
         ended = batch.terminated | batch.truncated
+        if plan.mask is None:
+            self.env_steps += len(slots)
+        else:
+            self.env_steps += int(plan.mask.sum())
+            ended &= plan.mask  # a slot that was not stepped cannot have ended
         for i in np.flatnonzero(ended):
             slots[i].needs_park_reset = True
         rewards, success, score = batch.rewards, batch.success, batch.score

@@ -27,7 +27,7 @@ from websockets.protocol import State
 from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
 from .base import VectorSim
-from .engine import BridgeEngine, Handshake, ResetPlan, Timeouts
+from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
 from .failures import BadAction, BadClaim, NoFirstObservation, SimFailed, SlotError, SlotFailure, TaskError
 from .slots import Slot, SlotState
 
@@ -55,6 +55,8 @@ class BridgeServer:
         build_args: dict[str, Any] | None = None,
         target: str = "",
         wave_gather_s: float = 0.05,
+        tick: str = "auto",
+        tick_window: float = DEFAULT_TICK_WINDOW,
     ) -> None:
         self.sim = sim
         self._submit = submit
@@ -63,9 +65,10 @@ class BridgeServer:
         self.target = target
         self.contract = sim.contract()
         self.contract_dict = self.contract.to_dict()
+        tick = resolve_tick(tick, slot_step=sim.supports_slot_step, slot_reset=sim.supports_slot_reset)
         self.engine = BridgeEngine(sim.width, self.contract, sim.hold_action(), hold=hold,
                                    wave=not sim.supports_slot_reset, timeouts=timeouts,
-                                   build_args=build_args)
+                                   build_args=build_args, tick=tick, tick_window=tick_window)
         self.started = time.monotonic()
         self._wave_gather_s = wave_gather_s
         self._sim_lock = asyncio.Lock()
@@ -74,6 +77,7 @@ class BridgeServer:
         self._sockets: dict[int, ServerConnection] = {}
         self._tick_task: asyncio.Task | None = None
         self._ticking = False
+        self._window: tuple[float, asyncio.TimerHandle] | None = None  # ready mode: (due, its timer)
         self._wave_task: asyncio.Task | None = None
         self.rpc = RpcServer(
             {
@@ -121,6 +125,7 @@ class BridgeServer:
             "target": self.target,
             "build": self.engine.build_args,
             "wave": self.engine.wave,
+            "tick": self.engine.tick,
         }
 
     # --------------------------------------------------------------- control
@@ -136,12 +141,13 @@ class BridgeServer:
             "build": engine.build_args,
             "broken": engine.broken,
             "ticks": engine.ticks,
-            "env_steps": engine.ticks * engine.width,
+            "env_steps": engine.env_steps,
             "slot_steps": engine.slot_steps,
             "episodes": engine.episodes,
             "uptime_s": time.monotonic() - self.started,
             "slots": engine.snapshot(),
             "wave": engine.wave,
+            "tick": engine.tick,
         }
 
     async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
@@ -189,6 +195,8 @@ class BridgeServer:
             try:
                 await self._reset(plan)
             except SimFailed as failure:
+                async with self._slot_changed:
+                    self._slot_changed.notify_all()  # claims waiting for the next wave hear it is broken
                 raise RpcError(str(failure)) from None
 
     async def _reset(self, plan: ResetPlan) -> None:
@@ -316,14 +324,16 @@ class BridgeServer:
                 if slot.pending_action is not None:
                     raise WireError("an action arrived before the observation of the previous one; "
                                     "send one action per observation")
-                engine.submit_action(slot, unpackb(raw))
+                engine.submit_action(slot, unpackb(raw), time.monotonic())
             except (WireError, BadAction) as exc:
                 failure = exc if isinstance(exc, BadAction) else engine.refuse_action(slot, str(exc))
                 self._maybe_tick()
                 await _fail(ws, failure)
                 return
-            if not self._ticking and engine.ready_to_step():
+            if not self._ticking and engine.ready_to_step(time.monotonic()):
                 await self._tick()  # the last slot to act runs the tick itself: no extra task
+            elif not self._ticking:
+                self._arm_window()
 
     # -------------------------------------------------------------- deadlines
     def _arm_deadline(self) -> None:
@@ -351,18 +361,37 @@ class BridgeServer:
 
     # ------------------------------------------------------------------ tick
     def _maybe_tick(self) -> None:
-        if not self._ticking and self.engine.ready_to_step():
+        if self._ticking:
+            return
+        if self.engine.ready_to_step(time.monotonic()):
             self._tick_task = asyncio.ensure_future(self._tick())
+        else:
+            self._arm_window()
+
+    def _arm_window(self) -> None:
+        """Ready mode: wake up when the first pending action's tick window closes."""
+        due = self.engine.tick_due()
+        if due is None or (self._window is not None and self._window[0] <= due):
+            return
+        if self._window is not None:
+            self._window[1].cancel()
+        delay = max(0.0, due - time.monotonic())
+        self._window = (due, asyncio.get_running_loop().call_later(delay, self._window_closed))
+
+    def _window_closed(self) -> None:
+        self._window = None
+        self._maybe_tick()
 
     async def _tick(self) -> None:
         self._ticking = True
         try:
             async with self._sim_lock:
-                plan = self.engine.plan_tick()
+                plan = self.engine.plan_tick(time.monotonic())
                 if plan is None:
                     return
                 try:
-                    batch, obs = await self._sim_call(_park_step_observe, self.sim, plan.park, plan.actions)
+                    batch, obs = await self._sim_call(_park_step_observe, self.sim, plan.park, plan.actions,
+                                                      plan.mask)
                 except Exception:
                     for i, failure in self.engine.step_failed(plan, traceback.format_exc()):
                         ws = self._sockets.get(i)
@@ -391,10 +420,10 @@ def _reset_and_observe(sim: VectorSim, idx, seeds, options):
     return flags, {k: v[idx] for k, v in sim.observe().items()}  # fancy indexing copies the rows
 
 
-def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray):
+def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask: np.ndarray | None = None):
     if park:
         sim.reset_slots(park, [None] * len(park), [None] * len(park))
-    batch = sim.step(actions)
+    batch = sim.step(actions) if mask is None else sim.step_slots(actions, mask)  # mask: ready mode
     return batch, sim.observe()
 
 

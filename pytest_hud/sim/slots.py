@@ -53,6 +53,7 @@ class Slot:
     # tick bookkeeping
     connected: bool = False
     pending_action: Any = None
+    acted_at: float = 0.0  # when pending_action arrived: opens ready mode's tick window
     last_action: Any = None  # kept across episodes: the "repeat" hold for a free slot
     needs_park_reset: bool = False  # finished sub-env must be reset before the next step
     first_obs: dict[str, np.ndarray] | None = None

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_hud.contract import Contract, Feature
 from pytest_hud.sim.base import StepBatch
-from pytest_hud.sim.engine import BridgeEngine, ResetPlan, TickPlan, Timeouts
+from pytest_hud.sim.engine import BridgeEngine, ResetPlan, TickPlan, Timeouts, resolve_tick
 from pytest_hud.sim.failures import (ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout,
                                      EpisodeOver, NoFirstObservation, SimFailed, SlotError, SlotReleased,
                                      TaskError)
@@ -40,6 +40,7 @@ class FakeBatch:
         self.seed, self.t = np.zeros(width), np.zeros(width)
         self.resets: list[list[int]] = []
         self.actions: list[np.ndarray] = []
+        self.stepped: list[list[int]] = []
 
     def reset(self, plan: ResetPlan):
         self.resets.append(list(plan.indices))
@@ -49,13 +50,17 @@ class FakeBatch:
         return flags, {k: v[plan.indices] for k, v in self.observe().items()}
 
     def step(self, plan: TickPlan):
+        """Steps every slot, or (ready mode) only those in ``plan.mask``; ``stepped`` logs which."""
         for i in plan.park:
             self.seed[i] = self.t[i] = 0
             self.resets.append([i])
         self.actions.append(plan.actions.copy())
-        self.t += 1
-        done = self.t >= self.length
-        batch = StepBatch(self.seed / self.length, done, np.zeros(self.width, bool), done & (self.seed > 4))
+        stepped = np.ones(self.width, bool) if plan.mask is None else plan.mask
+        self.stepped.append(np.flatnonzero(stepped).tolist())
+        self.t += stepped
+        done = (self.t >= self.length) & stepped
+        batch = StepBatch(np.where(stepped, self.seed / self.length, 0.0), done, np.zeros(self.width, bool),
+                          done & (self.seed > 4))
         return batch, self.observe()
 
     def observe(self):
@@ -79,14 +84,14 @@ def live_slot(engine: BridgeEngine, sim: FakeBatch, seed: int, owner: int = 1, n
     return slot
 
 
-def act(engine: BridgeEngine, *slots: Slot, value: float = 0.0) -> None:
+def act(engine: BridgeEngine, *slots: Slot, value: float = 0.0, now: float = 0.0) -> None:
     for slot in slots:
-        engine.submit_action(slot, {"actions": np.array([value], np.float32)})
+        engine.submit_action(slot, {"actions": np.array([value], np.float32)}, now)
 
 
 def tick(engine: BridgeEngine, sim: FakeBatch, now: float = 0.0) -> dict[int, dict] | None:
-    """One tick if the rules allow it: ``{slot index: frame}``, or None when nothing was stepped."""
-    plan = engine.plan_tick()
+    """One tick if the rules allow it at ``now``: ``{slot index: frame}``, or None when nothing was stepped."""
+    plan = engine.plan_tick(now)
     if plan is None:
         return None
     return dict(engine.apply_batch(plan, *sim.step(plan), now=now))
@@ -403,6 +408,175 @@ def test_wave_claims_wait_for_the_next_global_reset():
     assert not engine.can_claim()  # b still runs
     engine.release(b, "episode graded")
     assert engine.can_claim() and engine.plan_wave() is None
+
+
+def test_a_wave_bridge_never_parks_a_finished_slot_alone():
+    # A sim that can only reset all slots at once would reset the live peer too: the finished
+    # sub-env is stepped with holds until the next wave instead.
+    engine, sim = make(2, length=3, wave=True)
+    a, b = engine.claim(1, {"seed": 3}), engine.claim(2, {"seed": 6})
+    plan = engine.plan_wave()
+    engine.apply_reset(plan, *sim.reset(plan))
+    for slot in (a, b):
+        engine.bind(engine.open(0.0), {"claim": slot.token})
+        engine.start(slot, 0.0)
+    act(engine, a, b)
+    plan = engine.plan_tick()
+    batch, obs = sim.step(plan)
+    batch.terminated[a.index] = True  # a's episode ends early; b's goes on
+    engine.apply_batch(plan, batch, obs, now=0.0)
+    assert a.state is SlotState.DONE and b.state is SlotState.LIVE
+    act(engine, b)
+    plan = engine.plan_tick()
+    assert plan.park == [] and plan.actions[a.index, 0] == 0.0  # held, not reset
+    engine.apply_batch(plan, *sim.step(plan), now=0.0)
+    assert sim.resets == [[0, 1]]  # only the wave's own global reset
+
+
+def test_a_wave_claim_waits_while_a_planned_wave_runs():
+    engine, sim = make(3, wave=True)
+    a = engine.claim(1, {"seed": 3})
+    plan = engine.plan_wave()
+    assert not engine.can_claim()  # the wave's reset is in flight: a claim now waits for the next one
+    engine.apply_reset(plan, *sim.reset(plan))
+    assert not engine.can_claim()  # reset, its agent not bound yet: the next global reset would undo it
+    assert engine.plan_wave() is None
+    engine.bind(engine.open(0.0), {"claim": a.token})
+    engine.start(a, 0.0)
+    assert not engine.can_claim() and engine.plan_wave() is None
+    engine.release(a, "episode graded")
+    assert engine.can_claim()
+
+
+def test_a_wave_bridge_plans_no_more_waves_once_its_sim_raised():
+    engine, _ = make(2, wave=True)
+    engine.claim(1, {"seed": 3})
+    engine.reset_failed(engine.plan_wave(), "Traceback\nRuntimeError: no GL context")
+    engine.claim(2, {"seed": 4})
+    assert engine.broken and engine.plan_wave() is None
+
+
+# ------------------------------------------------------------ ready mode
+def ready(width: int = 3, window: float = 0.002, **kwargs) -> tuple[BridgeEngine, FakeBatch]:
+    return make(width, tick="ready", tick_window=window, **kwargs)
+
+
+def test_ready_mode_steps_the_slots_whose_actions_are_in_once_the_window_closes():
+    engine, sim = ready(3, window=0.002)
+    a, b, c = (live_slot(engine, sim, seed) for seed in (1, 2, 3))
+    act(engine, a, now=10.000)
+    act(engine, b, now=10.001)
+    assert engine.tick_due() == pytest.approx(10.002)  # from the first pending action
+    assert tick(engine, sim, now=10.0019) is None  # c may still come within the window
+    frames = tick(engine, sim, now=10.002)
+    assert frames.keys() == {a.index, b.index} and sim.stepped == [[0, 1]]
+    assert list(frames[b.index]["state"]) == [2, 1]
+    assert (a.steps, b.steps, c.steps) == (1, 1, 0) and list(sim.observe()["state"][c.index]) == [3, 0]
+    assert engine.tick_due() is None and engine.plan_tick(now=99.0) is None  # nothing pending
+
+
+def test_ready_mode_steps_at_once_when_every_live_slot_has_acted():
+    engine, sim = ready(3, window=60.0)
+    a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
+    engine.claim(1, {"seed": 9})  # claimed, not bound: nobody waits for it
+    act(engine, a, b, now=5.0)
+    assert tick(engine, sim, now=5.0).keys() == {a.index, b.index}
+
+
+def test_lockstep_waits_for_every_live_slot_whatever_the_time():
+    engine, sim = make(2, tick="lockstep", tick_window=0.002)
+    a, _ = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
+    act(engine, a, now=0.0)
+    assert engine.tick_due() is None and tick(engine, sim, now=1e9) is None
+
+
+def test_ready_mode_never_steps_idle_slots_so_nothing_is_held_or_parked():
+    engine, sim = ready(4, length=1, window=0.0)
+    done = live_slot(engine, sim, 1)
+    act(engine, done)
+    tick(engine, sim)  # length 1: finished at once
+    assert done.state is SlotState.DONE
+    claimed = engine.claim(1, {"seed": 7})
+    slot = live_slot(engine, sim, 2)
+    act(engine, slot, now=1.0)
+    plan = engine.plan_tick(now=1.0)
+    assert plan.mask.tolist() == [False, False, True, False] and plan.park == []
+    engine.apply_batch(plan, *sim.step(plan), now=1.0)
+    assert sim.stepped == [[0], [2]] and claimed.steps == 0
+    assert (engine.ticks, engine.slot_steps, engine.env_steps) == (2, 2, 2)
+
+
+def test_a_slot_warming_up_its_model_does_not_hold_back_its_peers_in_ready_mode():
+    engine, sim = ready(2, length=3, window=0.002)
+    warming, quick = live_slot(engine, sim, 1, now=0.0), live_slot(engine, sim, 6, now=0.0)
+    now = 0.0
+    while quick.state is SlotState.LIVE:  # a whole episode while the peer has not acted once
+        act(engine, quick, now=now)
+        assert tick(engine, sim, now=now) is None
+        now += 0.002
+        tick(engine, sim, now=now)
+    assert quick.result()["steps"] == 3 and quick.result()["success"]
+    assert warming.state is SlotState.LIVE and warming.steps == 0
+    assert list(sim.observe()["state"][warming.index]) == [1, 0]
+
+
+def test_an_episode_takes_the_same_steps_under_lockstep_and_ready():
+    def play(engine, sim, order):
+        slots = [live_slot(engine, sim, seed) for seed in (2, 5, 7)]
+        frames = {s.index: [] for s in slots}
+        now = 0.0
+        for who in order:  # who acts this round; in lockstep only a full round steps
+            now += 1.0
+            act(engine, *[slots[i] for i in who if slots[i].state is SlotState.LIVE], value=0.1, now=now)
+            for i, frame in (tick(engine, sim, now=now + 1.0) or {}).items():
+                frames[i].append(frame["state"].tolist())
+        return [s.result() for s in slots], frames
+
+    rounds = [(0,), (1, 2), (0, 1, 2), (2,), (0, 1)] * 3
+    ready_result = play(*ready(3, window=0.5), rounds)
+    lock_result = play(*make(3), [(0, 1, 2)] * 15)
+    assert ready_result == lock_result
+
+
+def test_a_ready_mode_step_reports_only_the_slots_it_stepped_as_ended():
+    engine, sim = ready(2, length=3)
+    a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
+    act(engine, a)
+    plan = engine.plan_tick()
+    batch, obs = sim.step(plan)
+    batch.terminated[b.index] = True  # a sim's stale row for a slot it did not step
+    engine.apply_batch(plan, batch, obs, now=0.0)
+    assert b.state is SlotState.LIVE and not b.needs_park_reset
+
+
+@pytest.mark.parametrize("requested, slot_step, slot_reset, mode", [
+    ("auto", True, True, "ready"),
+    ("auto", False, True, "lockstep"),  # natively batched
+    ("auto", True, False, "lockstep"),  # resets all at once: waves tick in lockstep
+    ("lockstep", True, True, "lockstep"),
+    ("ready", True, True, "ready"),
+])
+def test_auto_picks_ready_where_the_sim_steps_its_slots_on_their_own(requested, slot_step, slot_reset, mode):
+    assert resolve_tick(requested, slot_step=slot_step, slot_reset=slot_reset) == mode
+
+
+@pytest.mark.parametrize("requested, slot_step, slot_reset, message", [
+    ("ready", False, True, "this sim steps all its slots in one batched call; use --hud-tick=auto or --hud-tick=lockstep"),
+    ("ready", True, False, "this sim can only reset all its slots at once; use --hud-tick=auto"),
+    ("fast", True, True, "tick mode must be auto, lockstep or ready, got 'fast'"),
+])
+def test_an_impossible_tick_mode_is_refused_with_the_fix(requested, slot_step, slot_reset, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        resolve_tick(requested, slot_step=slot_step, slot_reset=slot_reset)
+
+
+def test_the_engine_refuses_ready_mode_on_a_wave_bridge_and_a_negative_window():
+    with pytest.raises(ValueError, match="a wave bridge ticks in lockstep"):
+        make(2, tick="ready", wave=True)
+    with pytest.raises(ValueError, match="tick_window must be a non-negative"):
+        make(2, tick="ready", tick_window=-1)
+    with pytest.raises(ValueError, match="resolve 'auto' first"):
+        make(2, tick="auto")
 
 
 # --------------------------------------------------- release / disconnect
