@@ -60,6 +60,7 @@ class BridgeAddress:
     host: str = "127.0.0.1"
     pid: int | None = None
     width: int | None = None
+    node: str | None = None  # the cluster node it runs on (Ray node id), when placed remotely
 
     @property
     def ws_url(self) -> str:
@@ -86,13 +87,14 @@ class BridgeAddress:
                 host=str(data.get("host", "127.0.0.1")),
                 pid=data.get("pid"),
                 width=data.get("width"),
+                node=data.get("node"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BridgeError(f"announce data lacks {exc}; expected control, ws and secret") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"control": self.control, "ws": self.ws, "secret": self.secret, "host": self.host,
-                "pid": self.pid, "width": self.width}
+                "pid": self.pid, "width": self.width, "node": self.node}
 
 
 class ControlClient:

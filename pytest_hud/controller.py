@@ -71,7 +71,8 @@ class HudController:
             cwd=invocation,
             python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
         )
-        self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach)
+        self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach,
+                            launcher=_launcher(settings, spec), policy_replicas=settings.policy_replicas)
         self.service_host = "127.0.0.1"
         self.service = PoolService(self.pool, self.secret, self.service_host,
                                    extra_methods={"declare": self._declare, "sequential": self._sequential,
@@ -282,7 +283,7 @@ class HudController:
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         s = self.settings
-        where = f"attached to {s.sim_url}" if s.sim_url else "bridges spawned on demand"
+        where = f"attached to {s.sim_url}" if s.sim_url else self.pool.launcher.describe()
         return [
             f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} tick={s.tick} "
             f"policy={s.policy or '(per test)'} ({where})",
@@ -311,6 +312,25 @@ class HudController:
         self.pool.stop_all()
         if self.writer is not None:
             self.writer.close()
+
+
+def _launcher(settings: HudSettings, spec: Any) -> Any:
+    """The launcher backend this run asks for: Ray (``--hud-ray``), static endpoints, or None (local)."""
+    from .launcher import BRIDGES_ENV, POLICY_SERVERS_ENV, LaunchError, StaticLauncher
+
+    try:
+        if settings.ray:
+            from .ray_launcher import RayLauncher  # Ray is imported here only
+
+            resources = settings.resources
+            return RayLauncher(settings.ray, bridge_resources=resources["bridge"],
+                               policy_resources=resources["policy"], lease=settings.lease, cwd=spec.cwd,
+                               python_path=spec.python_path)
+        if os.environ.get(BRIDGES_ENV) or os.environ.get(POLICY_SERVERS_ENV):
+            return StaticLauncher(cwd=spec.cwd)
+    except LaunchError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return None
 
 
 def _sigterm_as_interrupt():

@@ -8,6 +8,9 @@ loopback JSON-RPC service, authenticated with the run's secret, so workers can a
 One bridge serves one (sim target, build args) for ``width`` workers: worker ``i`` of ``n`` uses
 group ``(i mod n) // width``. A bridge that died or reports itself broken is replaced when a worker
 says so (``replace_pid``); its in-flight episodes were already errors.
+
+*Where* a bridge or policy server runs is the launcher's business (:mod:`pytest_hud.launcher`): a
+local child by default, a process on a Ray node (``--hud-ray``), or an already-running endpoint.
 """
 
 from __future__ import annotations
@@ -16,9 +19,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import BridgeAddress
+from .launcher import LaunchError, Launcher, LocalLauncher, Service
 from .rpc import RpcError, RpcServer
 
 __all__ = ["PoolError", "BridgeSpec", "SimPool", "PoolService"]
@@ -35,8 +36,7 @@ __all__ = ["PoolError", "BridgeSpec", "SimPool", "PoolService"]
 SECRET_ENV = "PYTEST_HUD_SECRET"
 
 
-class PoolError(RuntimeError):
-    """A bridge could not be started (the message carries the tail of its log)."""
+PoolError = LaunchError  # a bridge could not be started (the message carries the tail of its log)
 
 
 @dataclass
@@ -59,37 +59,30 @@ class BridgeSpec:
 @dataclass
 class _Bridge:
     key: tuple[str, str, int]
-    process: subprocess.Popen
+    process: Service  # poll() as subprocess.Popen's, wherever it runs
     address: BridgeAddress
-    log: Path
+    log: str
     started: float
-
-
-def _log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 class SimPool:
     """Owns every bridge process of a run. Thread-safe; spawning blocks only the asking caller."""
 
     def __init__(self, secret: str, spec: BridgeSpec, workers: int = 1,
-                 attach: BridgeAddress | None = None) -> None:
+                 attach: BridgeAddress | None = None, launcher: Launcher | None = None,
+                 policy_replicas: int = 1) -> None:
         self.secret = secret
         self.spec = spec
         self.workers = max(1, workers)
         self.attach = attach
+        self.launcher: Launcher = launcher or LocalLauncher(lambda: self.workdir, spec.host, spec.cwd)
+        self.policy_replicas = max(1, policy_replicas)
         self._workdir: Path | None = None  # made on the first spawn: a run that starts nothing leaves nothing
         self._lock = threading.Lock()
         self._key_locks: dict[tuple, threading.Lock] = {}
         self._bridges: dict[tuple, _Bridge] = {}
         self._retired: list[_Bridge] = []
-        self._servers: dict[tuple, tuple[subprocess.Popen, str]] = {}
-        self._children: list[subprocess.Popen] = []  # every process this pool started
-        self._count = 0
+        self._servers: dict[tuple, tuple[Service, dict[str, Any]]] = {}
         self.closed = False
 
     # ---------------------------------------------------------------- routing
@@ -132,44 +125,22 @@ class SimPool:
                 self._workdir = Path(tempfile.mkdtemp(prefix="pytest-hud-"))  # mkdtemp makes it 0700
             return self._workdir
 
-    def _next_name(self, kind: str) -> tuple[Path, Path]:
-        with self._lock:
-            self._count += 1
-            n = self._count
-        return self.workdir / f"{kind}-{n}.json", self.workdir / f"{kind}-{n}.log"
-
-    def _launch(self, cmd: list[str], what: str, announce: Path, log: Path,
-                timeout: float) -> tuple[subprocess.Popen, dict[str, Any]]:
-        """Start a child that announces itself through a file; wait for it (or its failure)."""
-        env = dict(os.environ)
-        env[SECRET_ENV] = self.secret
-        env.setdefault("SDL_VIDEODRIVER", "dummy")
-        paths = [p for p in self.spec.python_path if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    def _launch(self, cmd: list[str], what: str, role: str, files: dict[str, str] | None = None) -> Service:
+        """Start a service through the launcher; it announces itself (or its failure is raised)."""
+        env = {SECRET_ENV: self.secret, "SDL_VIDEODRIVER": os.environ.get("SDL_VIDEODRIVER", "dummy")}
+        paths = [p for p in self.spec.python_path if p] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        with open(log, "wb") as log_fh:
-            # A new session: Ctrl-C in the terminal reaches pytest, which then stops children in
-            # order; the children's parent-death watch covers SIGKILL of pytest.
-            process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
-                                       cwd=self.spec.cwd, env=env, start_new_session=True)
-        with self._lock:
-            self._children.append(process)
-        deadline = time.monotonic() + timeout
-        while not announce.exists():
-            if process.poll() is not None:
-                raise PoolError(f"{what} exited with code {process.returncode} while starting:\n{_log_tail(log)}")
-            if time.monotonic() > deadline:
-                _terminate(process)
-                raise PoolError(
-                    f"{what} did not announce itself within {timeout:.0f} s (--hud-boot-timeout); "
-                    f"its log:\n{_log_tail(log)}"
-                )
-            time.sleep(0.02)
-        return process, json.loads(announce.read_text())
+        return self.launcher.launch(cmd, what, role=role, env=env, timeout=self.spec.boot_timeout, files=files)
 
-    def policy_server_for(self, spec: str, contract: dict[str, Any] | None = None) -> str:
-        """The ws:// URL of this run's policy server for ``spec`` (started on first request)."""
-        key = ("policy", spec, json.dumps(contract or {}, sort_keys=True))
+    def policy_server_for(self, spec: str, contract: dict[str, Any] | None = None, worker: int = 0) -> dict[str, Any]:
+        """This worker's policy server for ``spec``: ``{"url", "node", "host"}`` (started on first request).
+
+        With ``policy_replicas`` > 1, worker ``i`` uses replica ``i mod replicas``; each replica batches
+        across the workers that use it.
+        """
+        replica = worker % self.policy_replicas
+        key = ("policy", spec, json.dumps(contract or {}, sort_keys=True), replica)
         with self._lock:
             if self.closed:
                 raise PoolError("the run is shutting down")
@@ -178,28 +149,27 @@ class SimPool:
             known = self._servers.get(key)
             if known is not None and known[0].poll() is None:
                 return known[1]
-            announce, log = self._next_name("policy")
             # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
             # API key when given none; workers send the secret (session.HudSession.agent).
-            cmd = [sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
-                   "--host", self.spec.host, "--announce", str(announce), "--parent-pid", str(os.getpid())]
+            cmd = ["-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0"]
+            files = None
             if contract:
-                contract_path = announce.with_suffix(".contract.json")
-                contract_path.write_text(json.dumps(contract))
-                cmd += ["--contract", str(contract_path)]
-            process, data = self._launch(cmd, f"policy server for {spec!r}", announce, log, self.spec.boot_timeout)
+                files = {"contract.json": json.dumps(contract)}
+                cmd += ["--contract", "{dir}/contract.json"]
+            service = self._launch(cmd, f"policy server for {spec!r}", "policy", files)
+            data = service.announce
             url = data.get("url") or f"ws://{data.get('host', self.spec.host)}:{data['ws']}"
-            self._servers[key] = (process, url)
-            return url
+            reply = {"url": url, "node": service.node, "host": data.get("host"), "replica": replica}
+            if data.get("key"):
+                reply["key"] = data["key"]  # a server this run did not start: its own key, not the secret
+            self._servers[key] = (service, reply)
+            return reply
 
     def _spawn(self, key: tuple, target: str, build: dict[str, Any]) -> _Bridge:
-        announce, log = self._next_name("bridge")
         spec = self.spec
         cmd = [
-            sys.executable, "-m", "pytest_hud.sim", target,
+            "-m", "pytest_hud.sim", target,
             "--width", str(spec.width),
-            "--announce", str(announce),
-            "--host", spec.host,
             "--vectorization", spec.vectorization,
             "--tick", spec.tick,
             "--tick-window", repr(spec.tick_window),
@@ -207,14 +177,13 @@ class SimPool:
             "--claim-timeout", str(spec.claim_timeout),
             "--first-action-timeout", str(spec.first_action_timeout),
             "--step-timeout", str(spec.step_timeout),
-            "--parent-pid", str(os.getpid()),
         ]
-        process, data = self._launch(cmd, f"bridge for {target!r}", announce, log, spec.boot_timeout)
-        address = BridgeAddress.from_dict(data)
-        return _Bridge(key, process, address, log, time.monotonic())
+        service = self._launch(cmd, f"bridge for {target!r}", "bridge")
+        address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
+        return _Bridge(key, service, address, service.log, time.monotonic())
 
     def _retire(self, bridge: _Bridge) -> None:
-        _terminate(bridge.process)
+        bridge.process.stop()
         with self._lock:
             self._bridges.pop(bridge.key, None)
             self._retired.append(bridge)
@@ -225,52 +194,19 @@ class SimPool:
             items = list(self._bridges.values()) + self._retired
         return [
             {"target": b.key[0], "build": json.loads(b.key[1]), "group": b.key[2], "pid": b.address.pid,
-             "alive": b.process.poll() is None, "log": str(b.log)}
+             "alive": b.process.poll() is None, "log": str(b.log), "node": b.address.node, "host": b.address.host}
             for b in items
         ]
 
     def stop_all(self, timeout: float = 5.0) -> None:
-        """Stop every child (SIGTERM, then SIGKILL) and remove the work dir with its secrets."""
+        """Stop every service this run started (all at once) and remove the work dir with its secrets."""
         with self._lock:
             self.closed = True
-            children = list(self._children)
             self._bridges.clear()
             self._servers.clear()
-        for process in children:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.monotonic() + timeout
-        for process in children:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _terminate(process, kill=True)
+        self.launcher.close(timeout)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-def _terminate(process: subprocess.Popen, kill: bool = False) -> None:
-    if process.poll() is not None:
-        return
-    sig = signal.SIGKILL if kill else signal.SIGTERM
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            process.send_signal(sig)
-        except ProcessLookupError:
-            return
-    try:
-        process.wait(3.0)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        process.wait(3.0)
 
 
 class PoolService:
@@ -329,10 +265,11 @@ class PoolService:
             raise RpcError(f"{type(exc).__name__}: {exc}") from None
         return address.to_dict()
 
-    async def _policy_server(self, conn: Any, spec: str, contract: dict | None = None) -> str:
+    async def _policy_server(self, conn: Any, spec: str, contract: dict | None = None,
+                             worker: int = 0) -> dict[str, Any]:
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                None, self.pool.policy_server_for, spec, contract
+                None, self.pool.policy_server_for, spec, contract, worker
             )
         except PoolError as exc:
             raise RpcError(str(exc)) from None

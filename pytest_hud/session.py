@@ -54,6 +54,7 @@ class HudSession:
         self.agents: dict[tuple[str, str], Agent] = {}
         self.current_item: pytest.Item | None = None
         self.policy_hashes: dict[str | None, str | None] = {}  # content hash per policy spec (resume identity)
+        self.policy_places: dict[str, dict[str, Any]] = {}  # policy spec -> its server's {"url", "node", "host"}
         self._recorders: list[Any] | None = None
 
     @property
@@ -140,10 +141,15 @@ class HudSession:
             if self.settings.policy_server and policy_kind(policy) != "openpi":
                 # One model copy for the whole run, batched across workers: this worker loads none.
                 try:
-                    spec = self.pool_call("policy_server", spec=policy, contract=contract.to_dict())
+                    reply = self.pool_call("policy_server", spec=policy, contract=contract.to_dict(),
+                                           worker=self.worker)
                 except RpcError as exc:
                     raise EpisodeError(f"no policy server for {policy!r}: {exc.message}") from None
-                served["api_key"] = self.secret  # the pool starts its policy servers keyed with the run secret
+                place = reply if isinstance(reply, dict) else {"url": reply}
+                self.policy_places[policy] = place
+                spec = place["url"]
+                # The pool starts its policy servers keyed with the run secret (listed ones bring their key).
+                served["api_key"] = place.get("key") or self.secret
             try:
                 model = load_policy(spec, contract, n_action_steps=self.settings.n_action_steps,
                                     timeout=self.settings.first_action_timeout,

@@ -67,12 +67,24 @@ OPTIONS: dict[str, Option] = {
     "html": Option(str, None, "Write a standalone HTML summary page here (works without pytest-html)"),
     "progress_interval": Option(float, 10.0, "Seconds between live per-task progress lines (0 turns them off)"),
     "record": Option(str, None, "Record every graded episode into a LeRobot v3 dataset in this new directory"),
+    "ray": Option(str, None, "Place bridges and policy servers on this Ray cluster: 'auto', 'ray://HOST:10001' "
+                  "or a 'ray start' address HOST:PORT (needs pytest-hud[ray])"),
+    "bridge_resources": Option(str, None, "Ray resources each bridge reserves, as JSON (default '{\"CPU\": 1}'); "
+                               "custom ones such as '{\"sim\": 1}' choose the nodes"),
+    "policy_resources": Option(str, None, "Ray resources each policy-server replica reserves, as JSON "
+                               "(default '{\"CPU\": 1}'), e.g. '{\"GPU\": 1}'"),
+    "policy_replicas": Option(int, 1, "Policy-server replicas (with --hud-policy-server); workers are spread over them"),
+    "lease": Option(float, 10.0, "Seconds a bridge or policy server on a Ray node outlives silence from this run "
+                    "(renewed four times as often)"),
     "shard": Option(str, None, "Run only shard I of N of the suite's episodes (e.g. 2/4); combine the shards' "
                                "results files with: python -m pytest_hud merge"),
 }
 
-_POSITIVE = ("boot_timeout", "first_action_timeout", "step_timeout")
-_AT_LEAST_ONE = ("width", "max_steps", "n_action_steps")
+#: What a Ray-placed bridge or policy server reserves when its option is not given.
+DEFAULT_RESOURCES = {"CPU": 1.0}
+
+_POSITIVE = ("boot_timeout", "first_action_timeout", "step_timeout", "lease")
+_AT_LEAST_ONE = ("width", "max_steps", "n_action_steps", "policy_replicas")
 _NON_NEGATIVE = ("tick_window",)
 
 
@@ -168,6 +180,11 @@ class HudSettings:
     html: str | None = None
     progress_interval: float = 10.0
     record: str | None = None
+    ray: str | None = None
+    bridge_resources: str | None = None
+    policy_resources: str | None = None
+    policy_replicas: int = 1
+    lease: float = 10.0
     shard: str | None = None  # "I/N"; see pytest_hud.shard
     # Not options: facts of the run, set by the controller.
     policy_cli: str | None = None  # --hud-policy as given on the command line (beats the marker)
@@ -210,8 +227,26 @@ class HudSettings:
         for name, opt in OPTIONS.items():
             if opt.choices and getattr(self, name) not in opt.choices:
                 raise SettingsError(f"{flag(name)} must be {_either(opt.choices)}, got {getattr(self, name)!r}")
+        for name in ("bridge_resources", "policy_resources"):
+            if getattr(self, name) is not None and not self.ray:
+                raise SettingsError(f"{flag(name)} places services on a Ray cluster: add --hud-ray ADDRESS")
+            parse_resources(getattr(self, name), flag(name))
+        if self.ray is not None and not self.ray.strip():
+            raise SettingsError("--hud-ray needs an address: 'auto', 'ray://HOST:10001' or HOST:PORT")
+        if self.ray and self.sim_url:
+            raise SettingsError("--hud-ray and --hud-sim-url both say where the bridge is: pass one of them")
+        if not self.policy_server and (self.policy_replicas > 1 or self.policy_resources is not None):
+            given = "--hud-policy-replicas" if self.policy_replicas > 1 else "--hud-policy-resources"
+            raise SettingsError(f"{given} is about policy servers: add --hud-policy-server "
+                                "(without it each worker loads the policy itself)")
         if self.shard is not None:
             self.shard_spec  # noqa: B018 - raises SettingsError for a bad I/N
+
+    @property
+    def resources(self) -> dict[str, dict[str, float]]:
+        """What each Ray-placed bridge and policy-server replica reserves."""
+        return {"bridge": parse_resources(self.bridge_resources, flag("bridge_resources")),
+                "policy": parse_resources(self.policy_resources, flag("policy_resources"))}
 
     @property
     def shard_spec(self) -> Shard | None:
@@ -255,6 +290,30 @@ class HudSettings:
     def from_dict(cls, data: Mapping[str, Any]) -> HudSettings:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def parse_resources(text: str | None, option: str) -> dict[str, float]:
+    """``'{"CPU": 2, "sim": 1}'`` -> ``{"CPU": 2.0, "sim": 1.0}``; None -> the default; errors name ``option``.
+
+    >>> parse_resources('{"GPU": 1}', "--hud-policy-resources")
+    {'GPU': 1.0}
+    """
+    import json
+
+    if text is None:
+        return dict(DEFAULT_RESOURCES)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SettingsError(f"{option} must be a JSON object such as '{{\"CPU\": 2, \"sim\": 1}}' ({exc})") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"{option} must be a JSON object of resource names to amounts, got {text!r}")
+    out = {}
+    for name, amount in data.items():
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise SettingsError(f"{option}: resource {name!r} needs a non-negative number, got {amount!r}")
+        out[str(name)] = float(amount)
+    return out
 
 
 def _either(choices: tuple[str, ...]) -> str:

@@ -126,6 +126,25 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
             "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps)}
 
 
+def with_placement(record: dict[str, Any], episodes: list[Any], policy: dict[str, Any] | None) -> dict[str, Any]:
+    """Add where the episode's bridge and policy server ran (cluster runs only) to ``record``.
+
+    An error names the bridge's node, so a lost machine is visible in the episode's own line.
+    """
+    address = next((getattr(getattr(ep, "_sim", None), "address", None) for ep in reversed(episodes)), None)
+    where: dict[str, Any] = {}
+    if address is not None and address.node:
+        where.update(bridge_node=address.node, bridge_host=address.host)
+    if policy and policy.get("node"):
+        where.update(policy_node=policy["node"], policy_host=policy.get("host"), policy_replica=policy.get("replica"))
+    if not where:
+        return record
+    record["extra"] = dict(record.get("extra") or {}, **where)
+    if record.get("error") and "bridge_node" in where:
+        record["error"] = f"{record['error']} [bridge on node {where['bridge_host']} ({where['bridge_node']})]"
+    return record
+
+
 class LazyWorker:
     """On an xdist worker of a run without hud settings: ask the controller for pytest-hud if needed.
 
@@ -236,11 +255,12 @@ class WorkerHooks:
         exc = call.excinfo.value if call.excinfo is not None else None
         outcome = classify(when=report.when, passed=report.passed, skipped=report.skipped, exc=exc,
                            bridge_error=bridge_error, failure_types=(AssertionError, pytest.fail.Exception))
-        return episode_record(
+        record = episode_record(
             item_identity(item), outcome=outcome, identity=run_identity(item, self.hud),
             worker=f"gw{self.hud.worker}" if hasattr(item.config, "workerinput") else "main",
             duration_s=report.duration, exc=exc, bridge_error=bridge_error,
             skipped_because=skip_reason(report.longrepr) if report.skipped else None, result=result, grade=grade)
+        return with_placement(record, episodes, self.hud.policy_places.get(item_settings(item, self.hud).policy or ""))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):

@@ -117,3 +117,35 @@ class _ImageStateEnv(gym.Env):
 
 def image_state():
     return _ImageStateEnv()
+
+
+class _TaskEnv(gym.Env):
+    """One task of the ``multitask`` sim: state ``[task index, a seeded draw, step]``; lasts 3 + index steps."""
+
+    TASKS = ("left", "right", "up")
+    observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
+    action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, task: str):
+        self.index = self.TASKS.index(task)
+        self.draw = self.t = 0.0
+
+    def _obs(self):
+        return np.array([self.index, self.draw, self.t], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.draw, self.t = float(self.np_random.uniform()), 0.0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= 3 + self.index
+        return self._obs(), float(action[0]), done, False, {"is_success": done and self.index > 0}
+
+
+def multitask(num_envs: int, cache_size: int = 4):
+    """A multi-task sim (``pytest_hud.sim.MultiTaskSim``) over the tasks left, right and up."""
+    from pytest_hud.sim import MultiTaskSim
+
+    return MultiTaskSim(num_envs, _TaskEnv.TASKS, _TaskEnv, cache_size=cache_size)

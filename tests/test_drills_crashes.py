@@ -236,7 +236,6 @@ def test_a_broken_bridge_fails_its_episodes_readably_and_is_replaced(project, ho
     for line in result.outlines:  # what was printed as passed is in the file as passed
         if " PASSED " in line:
             assert got[line.split("::", 1)[1].split()[0]].outcome == "passed", line
-    assert took < 60
 
 
 # ================================================================ 3. hung and slow policies
@@ -298,7 +297,6 @@ def test_a_hung_policy_is_failed_by_the_bridge_and_its_peers_keep_stepping(hung_
     assert len(beside) >= 3, {k: r.worker for k, r in got.items()}
     assert max(r.finished_at for r in beside) < hung.finished_at - 3, (
         [r.finished_at for r in beside], hung.finished_at)
-    assert hung_run.took < 60
 
 
 @pytest.mark.timeout(120)
@@ -322,7 +320,6 @@ def test_a_slow_policy_fails_on_the_step_timeout_after_a_slow_first_forward(proj
     assert "sent no action within 1 s (--hud-step-timeout)" in slow.error.splitlines()[0], slow.error
     assert "first-action" not in slow.error
     result.assert_outcomes(passed=6, errors=1)
-    assert took < 60
 
 
 # ============================================================ found on the way (drill 2 with -k)

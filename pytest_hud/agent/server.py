@@ -524,6 +524,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Torch intra-op threads for the model (0: torch's default, one per core)")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="Exit when this process dies (default: the parent process)")
+    p.add_argument("--lease", type=float, default=None,
+                   help="Exit when the controller has not renewed the lease for this many seconds "
+                        "(for servers on other machines; the lease secret comes from $PYTEST_HUD_SECRET)")
     p.add_argument("--api-key", default=None,
                    help=f"Require this key from clients (default: ${SECRET_ENV}, else ${API_KEY_ENV}; "
                         "required beyond loopback). Prefer the environment variable: ps shows arguments")
@@ -552,6 +555,12 @@ async def _serve(args: argparse.Namespace, model: Any, parent: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     payload = {"ws": port, "pid": os.getpid(), "host": args.host, "url": f"ws://{args.host}:{port}"}
+    lease = None
+    if args.lease is not None:
+        from ..lease import Lease
+
+        lease = Lease(args.host, args.lease_secret, args.lease)
+        payload["lease"] = lease.port
     if args.announce:
         write_announce(args.announce, payload)
     print(f"pytest-hud policy server: serving {args.policy} on ws://{args.host}:{port} "
@@ -559,6 +568,10 @@ async def _serve(args: argparse.Namespace, model: Any, parent: int) -> int:
     try:
         while not stop.is_set():
             if parent > 1 and not parent_alive(parent):
+                break
+            ended = lease.expired() if lease is not None else None
+            if ended:
+                print(f"pytest-hud policy server: exiting: {ended}", file=sys.stderr, flush=True)
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)
@@ -573,6 +586,9 @@ async def _serve(args: argparse.Namespace, model: Any, parent: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     parent = args.parent_pid if args.parent_pid is not None else os.getppid()
+    if args.lease is not None and not os.environ.get("PYTEST_HUD_SECRET"):
+        print("pytest-hud policy server: --lease needs the run's secret in $PYTEST_HUD_SECRET", file=sys.stderr)
+        return 2
     if args.batch_window_ms < 0 or args.max_batch < 0 or args.threads < 0:
         print("pytest-hud policy server: --batch-window-ms, --max-batch and --threads must be >= 0",
               file=sys.stderr)
@@ -580,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     # The key: the flag, else the run secret a pytest-hud launcher passes (it beats a user's own key
     # that happens to be in the environment: the run's workers send the secret), else the user's.
     # Popped, so that nothing the policy starts inherits them.
+    args.lease_secret = os.environ.get(SECRET_ENV, "")  # the lease is held with the run secret
     keys = [os.environ.pop(SECRET_ENV, None), os.environ.pop(API_KEY_ENV, None)]
     args.api_key = args.api_key or next((key for key in keys if key), None)
     if args.api_key is None and (refusal := key_required_error(args.host)):

@@ -5,5 +5,6 @@ serve a sim that is not gym-shaped.
 """
 
 from .base import GymSim, StepBatch, VectorSim
+from .multitask import MultiTaskSim
 
-__all__ = ["GymSim", "StepBatch", "VectorSim"]
+__all__ = ["GymSim", "MultiTaskSim", "StepBatch", "VectorSim"]

@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-timeout", type=float, default=30.0, help="Seconds for each later action")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="Exit when this process dies (default: the parent process)")
+    p.add_argument("--lease", type=float, default=None,
+                   help="Exit when the controller has not renewed the lease for this many seconds "
+                        "(for bridges on other machines; see pytest_hud.lease)")
     return p.parse_args(argv)
 
 
@@ -147,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     payload = {"control": server.control_port, "ws": server.ws_port, "pid": os.getpid(),
                "width": args.width, "secret": secret, "host": args.host}
+    lease = None
+    if args.lease is not None:
+        from ..lease import Lease
+
+        lease = Lease(args.host, secret, args.lease)
+        payload["lease"] = lease.port
     if args.announce:
         write_announce(args.announce, payload)
     else:
@@ -157,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def watch_parent() -> None:
         if parent > 1 and not parent_alive(parent):
+            executor.stop()
+        ended = lease.expired() if lease is not None else None
+        if ended:
+            print(f"pytest-hud bridge: exiting: {ended}", file=sys.stderr, flush=True)
             executor.stop()
 
     try:

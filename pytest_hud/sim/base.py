@@ -60,10 +60,20 @@ class VectorSim:
     envs that can be stepped one subset at a time; the bridge then ticks in *ready* mode (steps the
     slots whose actions are in, so a slow policy does not set its peers' pace). Natively batched
     sims leave it False and tick in *lockstep*.
+
+    **Multi-task sims** declare ``tasks`` (names; the first is the default). A claim may then choose
+    one (``reset(task="push-v3", seed=3)``, checked against the list), and the bridge calls
+    ``reset_slots(indices, seeds, options, tasks=[...])`` with each slot's task; a ``None`` task
+    means the slot's episode is over and it idles until its next claim (the sim may skip that
+    reset, and must not step the idle env). Every task shares the one contract.
+    :class:`~pytest_hud.sim.multitask.MultiTaskSim` builds such a sim from ``make_env(task)``. Sims
+    that declare no tasks are never passed ``tasks``, and a claim that names a task is refused.
     """
 
     supports_slot_reset: bool = True
     supports_slot_step: bool = False
+    #: Task names a claim may choose from (empty: the sim has one env, chosen by build arguments).
+    tasks: tuple[str, ...] = ()
 
     def __init__(self, width: int) -> None:
         self.width = int(width)

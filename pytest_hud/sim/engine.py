@@ -104,6 +104,7 @@ class ResetPlan:
     indices: list[int]
     seeds: list[int | None]
     options: list[dict[str, Any] | None]
+    tasks: list[str | None] | None = None  # each slot's task, for a sim that declares tasks
 
 
 @dataclass
@@ -125,7 +126,7 @@ class BridgeEngine:
     def __init__(self, width: int, contract: Contract, hold_action: Any, *, hold: str = "zeros",
                  wave: bool = False, timeouts: Timeouts | None = None,
                  build_args: dict[str, Any] | None = None, tick: str = "lockstep",
-                 tick_window: float = DEFAULT_TICK_WINDOW) -> None:
+                 tick_window: float = DEFAULT_TICK_WINDOW, tasks: tuple[str, ...] = ()) -> None:
         if width < 1:
             raise ValueError(f"width must be at least 1, got {width}")
         if hold not in ("zeros", "repeat"):
@@ -143,6 +144,7 @@ class BridgeEngine:
         self._wave_resetting = False  # a wave reset is planned and not applied yet
         self.timeouts = timeouts or Timeouts()
         self.build_args = dict(build_args or {})
+        self.tasks = tuple(tasks)  # what a claim may choose from (empty: the sim has no tasks)
         self._build_key = json.dumps(self.build_args, sort_keys=True)
         self._hold_action = np.asarray(hold_action)
         self._batch_shape = (width,) + self._hold_action.shape
@@ -182,6 +184,20 @@ class BridgeEngine:
         prompt = task.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
             raise TaskError(f"prompt must be a string or null, got {type(prompt).__name__}")
+        name = task.get("task")
+        if self.tasks:
+            if name is None:
+                task["task"] = self.tasks[0]  # the sim's default task
+            elif not isinstance(name, str) or name not in self.tasks:
+                shown = ", ".join(self.tasks[:12]) + (", ..." if len(self.tasks) > 12 else "")
+                raise TaskError(
+                    f"task {name!r} is not one of this bridge's {len(self.tasks)} tasks ({shown}); "
+                    "choose one of them, or declare it in the sim's task list")
+        elif name is not None:
+            raise TaskError(
+                f"this bridge's sim declares no tasks, so a claim cannot choose one (got task={name!r}); "
+                "choose the env with build arguments, or serve a VectorSim that declares tasks "
+                "(pytest_hud.sim.MultiTaskSim)")
         return task
 
     def can_claim(self) -> bool:
@@ -197,11 +213,15 @@ class BridgeEngine:
             or (s.state is SlotState.CLAIMED and s.first_obs is not None) for s in self.slots)
 
     def claim(self, owner: int, task: dict[str, Any], index: int | None = None) -> Slot:
-        """Mint a token for a free slot (the lowest free index unless ``index`` is given)."""
+        """Mint a token for a free slot (the lowest free index unless ``index`` is given).
+
+        A claim for a task prefers a free slot whose last episode ran that task: its env is cached.
+        """
         free = [s for s in self.slots if s.state is SlotState.FREE and index in (None, s.index)]
         if not free:
             raise SlotError("no free slot")
-        slot = free[0]
+        name = task.get("task")
+        slot = next((s for s in free if name is not None and s.last_task == name), free[0])
         slot.clear_episode()
         slot.state = SlotState.CLAIMED
         slot.token = secrets.token_hex(16)  # 128 bits: unguessable, and short on the wire
@@ -210,6 +230,10 @@ class BridgeEngine:
         seed = task.get("seed")
         slot.seed = None if seed is None else int(seed)
         slot.options, slot.prompt = task.get("options"), task.get("prompt")
+        if name is not None:
+            slot.last_task = name
+            if slot.prompt is None:
+                slot.prompt = name  # a multi-task policy learns the episode's task from its prompt
         self._by_token[slot.token] = slot
         return slot
 
@@ -259,8 +283,9 @@ class BridgeEngine:
 
     # ---------------------------------------------------------------- resets
     def plan_reset(self, slots: list[Slot]) -> ResetPlan:
+        tasks = [s.task.get("task") for s in slots] if self.tasks else None
         return ResetPlan(list(slots), [s.index for s in slots], [s.seed for s in slots],
-                         [s.options for s in slots])
+                         [s.options for s in slots], tasks)
 
     def plan_wave(self) -> ResetPlan | None:
         """Wave mode: reset every claim gathered so far at once (None when there is none, or while an

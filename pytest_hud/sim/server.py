@@ -68,7 +68,8 @@ class BridgeServer:
         tick = resolve_tick(tick, slot_step=sim.supports_slot_step, slot_reset=sim.supports_slot_reset)
         self.engine = BridgeEngine(sim.width, self.contract, sim.hold_action(), hold=hold,
                                    wave=not sim.supports_slot_reset, timeouts=timeouts,
-                                   build_args=build_args, tick=tick, tick_window=tick_window)
+                                   build_args=build_args, tick=tick, tick_window=tick_window,
+                                   tasks=tuple(getattr(sim, "tasks", ()) or ()))
         self.started = time.monotonic()
         self._wave_gather_s = wave_gather_s
         self._sim_lock = asyncio.Lock()
@@ -126,6 +127,7 @@ class BridgeServer:
             "build": self.engine.build_args,
             "wave": self.engine.wave,
             "tick": self.engine.tick,
+            "tasks": list(self.engine.tasks),
         }
 
     # --------------------------------------------------------------- control
@@ -148,6 +150,8 @@ class BridgeServer:
             "slots": engine.snapshot(),
             "wave": engine.wave,
             "tick": engine.tick,
+            "tasks": list(engine.tasks),
+            "sim": _sim_stats(self.sim),
         }
 
     async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
@@ -203,7 +207,7 @@ class BridgeServer:
         """Run ``plan`` on the main thread; a sim exception breaks the bridge (raises :class:`SimFailed`)."""
         try:
             flags, rows = await self._sim_call(
-                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options
+                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options, plan.tasks
             )
         except Exception:
             raise self.engine.reset_failed(plan, traceback.format_exc()) from None
@@ -411,8 +415,10 @@ class BridgeServer:
 
 
 # ----------------------------------------------------------- main-thread work
-def _reset_and_observe(sim: VectorSim, idx, seeds, options):
-    if len({json.dumps(o, sort_keys=True, default=str) for o in options}) > 1:
+def _reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None):
+    if tasks is not None:  # a multi-task sim takes each slot's task (and options) itself
+        flags = sim.reset_slots(idx, seeds, options, tasks=tasks)
+    elif len({json.dumps(o, sort_keys=True, default=str) for o in options}) > 1:
         # options differ: one reset call per slot keeps each slot's options its own
         flags = np.concatenate([sim.reset_slots([i], [s], [o]) for i, s, o in zip(idx, seeds, options)])
     else:
@@ -422,7 +428,10 @@ def _reset_and_observe(sim: VectorSim, idx, seeds, options):
 
 def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask: np.ndarray | None = None):
     if park:
-        sim.reset_slots(park, [None] * len(park), [None] * len(park))
+        if getattr(sim, "tasks", ()):  # a None task: the episode is over, idle until the next claim
+            sim.reset_slots(park, [None] * len(park), [None] * len(park), tasks=[None] * len(park))
+        else:
+            sim.reset_slots(park, [None] * len(park), [None] * len(park))
     batch = sim.step(actions) if mask is None else sim.step_slots(actions, mask)  # mask: ready mode
     return batch, sim.observe()
 
@@ -442,6 +451,15 @@ def _send_now(ws: ServerConnection, data: bytes) -> None:
         ws.send_data()
     except Exception:  # noqa: BLE001 - the transport broke: its reader sees the connection close
         ws.transport.abort()
+
+
+def _sim_stats(sim: VectorSim) -> Any:
+    """The sim's own counters when it keeps any (``stats()``, e.g. a multi-task sim's env builds)."""
+    stats = getattr(sim, "stats", None)
+    try:
+        return stats() if callable(stats) else None
+    except Exception:  # noqa: BLE001 - counters are informational
+        return None
 
 
 async def _fail(ws: ServerConnection, failure: SlotFailure) -> None:

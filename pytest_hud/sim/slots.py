@@ -56,6 +56,7 @@ class Slot:
     acted_at: float = 0.0  # when pending_action arrived: opens ready mode's tick window
     last_action: Any = None  # kept across episodes: the "repeat" hold for a free slot
     needs_park_reset: bool = False  # finished sub-env must be reset before the next step
+    last_task: str | None = None  # the task of its latest claim (multi-task sims): kept across episodes
     first_obs: dict[str, np.ndarray] | None = None
     deadline: float | None = None  # when a LIVE slot waiting for its agent's action is late
     awaiting: str = "first action"

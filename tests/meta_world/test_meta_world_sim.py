@@ -1,0 +1,100 @@
+"""The Meta-World sim in one process: seeds mean fixed variations, and envs keep no memory of earlier episodes.
+
+Skipped without Meta-World (``pip install "pytest-hud[metaworld]"``); the ``metaworld`` tox env and
+``.ci/run`` install it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+metaworld = pytest.importorskip("metaworld", reason='Meta-World is not installed: pip install "pytest-hud[metaworld]"')
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "evals" / "sims"))
+sys.path.insert(0, str(ROOT / "evals" / "policies"))
+
+import meta_world as mw  # noqa: E402
+from meta_world_experts import ScriptedExpert  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def rollout(env, seed, steps=60, policy=None):
+    """States and rewards of the first ``steps`` steps of episode ``seed`` under the expert."""
+    policy = policy or ScriptedExpert()
+    policy.reset()
+    obs, _ = env.reset(seed=seed)
+    states, rewards = [obs["state"]], []
+    for _ in range(steps):
+        obs, reward, terminated, truncated, _ = env.step(policy.predict(obs, env.task))
+        states.append(obs["state"])
+        rewards.append(reward)
+        if terminated or truncated:
+            break
+    return np.array(states), np.array(rewards)
+
+
+@pytest.mark.parametrize("task", ["reach-v3", "door-open-v3", "peg-insert-side-v3"])
+def test_the_shipped_variation_table_is_what_mt1_makes(task):
+    mw._VARIATIONS.clear()
+    tabled = mw._tabled(task)
+    assert tabled is not None, "the table does not match the installed Meta-World; rerun python evals/sims/meta_world.py"
+    made = metaworld.MT1(task, seed=0).train_tasks
+    assert len(tabled) == len(made) == 50
+    for a, b in zip(tabled, made):
+        da, db = pickle.loads(a.data), pickle.loads(b.data)
+        assert a.env_name == b.env_name and da.keys() == db.keys()
+        np.testing.assert_array_equal(da["rand_vec"], db["rand_vec"])
+        assert da["env_cls"] is db["env_cls"] and da["partially_observable"] == db["partially_observable"]
+
+
+def test_a_seed_is_its_documented_variation():
+    task = "push-v3"
+    assert mw.variation(task, 3).data == mw._tabled(task)[3].data
+    expected = pickle.loads(metaworld.MT1(task, seed=1).train_tasks[7].data)["rand_vec"]
+    np.testing.assert_array_equal(pickle.loads(mw.variation(task, 57).data)["rand_vec"], expected)  # 57 = 50 + 7
+    first = {mw.MetaWorldTask(task).reset(seed=s)[0]["state"].tobytes() for s in (0, 1, 50)}
+    assert len(first) == 3  # different seeds, different scenes
+    with pytest.raises(ValueError, match="non-negative integer"):
+        mw.variation(task, -1)
+
+
+def test_same_seed_same_episode_in_a_fresh_env_and_after_other_episodes():
+    fresh = rollout(mw.MetaWorldTask("pick-place-v3"), 4)
+    used = mw.MetaWorldTask("pick-place-v3")
+    for seed in (9, 60, 2):
+        rollout(used, seed, steps=30)
+    again = rollout(used, 4)
+    np.testing.assert_array_equal(fresh[0], again[0])
+    np.testing.assert_array_equal(fresh[1], again[1])
+
+
+def test_unknown_tasks_and_cameras_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="'push-v2' is not a Meta-World v3 task; choose one of reach-v3"):
+        mw.MetaWorldTask("push-v2")
+    with pytest.raises(ValueError, match="no camera 'nose'"):
+        mw.MetaWorldTask("reach-v3", pixels=True, camera="nose")
+    with pytest.raises(ValueError, match="'MT11'"):
+        mw.meta_world(1, tasks="MT11")
+
+
+def test_the_delayed_expert_is_worse_and_the_noisy_one_is_reproducible():
+    env = mw.MetaWorldTask("push-v3")
+    from meta_world_experts import expert, expert_delayed, expert_noisy
+
+    def solved(policy, seed):
+        states, _ = rollout(env, seed, steps=500, policy=policy)
+        return len(states) < 501  # stopped at its first success
+
+    assert sum(solved(expert(), s) for s in range(4)) > sum(solved(expert_delayed(), s) for s in range(4))
+    a, b = rollout(env, 5, policy=expert_noisy()), rollout(env, 5, policy=expert_noisy())
+    np.testing.assert_array_equal(a[0], b[0])
+    assert not np.array_equal(a[0], rollout(env, 5, policy=expert())[0])
