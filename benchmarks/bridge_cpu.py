@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK_S = os.sysconf("SC_CLK_TCK")
+TICK = ["lockstep"]  # --tick for bridges that have the option (set from the command line)
 
 
 # ----------------------------------------------------------------- the lean client
@@ -149,8 +150,11 @@ def start(kind: str, code_root: Path | None, python: str, width: int, workdir: P
     if kind == "pytest-hud":
         env["PYTHONPATH"] = str(code_root)
         announce = workdir / f"bridge-{time.monotonic_ns()}.json"
+        tick = []  # lockstep on every side, like the other bridges (older trees have no --tick)
+        if '"--tick"' in (Path(code_root) / "pytest_hud" / "sim" / "__main__.py").read_text():
+            tick = ["--tick", TICK[0]]
         proc = subprocess.Popen([python, "-m", "pytest_hud.sim", "Pendulum-v1", "--width", str(width),
-                                 "--announce", str(announce)], env=env, cwd=workdir)
+                                 "--announce", str(announce), *tick], env=env, cwd=workdir)
         while not announce.exists():
             if proc.poll() is not None:
                 raise SystemExit(f"the bridge from {code_root} failed to start")
@@ -214,7 +218,10 @@ def main() -> None:
     parser.add_argument("--no-hud", action="store_true", help="Skip the HUD SDK's GymBridge")
     parser.add_argument("--hud-python", default=sys.executable,
                         help="Interpreter with `hud` installed for the GymBridge run")
+    parser.add_argument("--tick", default="lockstep", choices=("lockstep", "ready", "auto"),
+                        help="Tick mode of pytest-hud bridges that have --tick (the others lockstep)")
     args = parser.parse_args()
+    TICK[0] = args.tick
     if args.client:
         asyncio.run(_lean_client(json.loads(args.client)))
         return
