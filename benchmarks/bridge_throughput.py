@@ -1,12 +1,16 @@
 """Bridge throughput: env-steps/s through the bridge vs the raw vectorized loop, in one run.
 
     python benchmarks/bridge_throughput.py [--width 8] [--ticks 3000] [--pixel-ticks 600]
+        [--envs state,pixels,cameras] [--before REF]
 
-Envs: ``Pendulum-v1`` (state) and Pendulum rendered to a 96x96 image (``benchmarks/pixel_env.py``).
-For each env: a bridge subprocess at ``--width`` with one asyncio client per slot (all in this
-process) sending zero actions for a fixed number of ticks, then the same vector env stepped raw
-in this process. Prints env-steps/s for both, their ratio, and the bridge's overhead per
-slot-step in µs. Not a test: the machine is shared and noisy, so only side-by-side ratios count.
+Envs: ``Pendulum-v1`` (state), Pendulum rendered to a 96x96 image, and two 224x224 cameras
+(``benchmarks/pixel_env.py``). For each env: a bridge subprocess at ``--width`` with one asyncio
+client per slot (all in this process) sending zero actions for a fixed number of ticks, then the
+same vector env stepped raw in this process. Prints env-steps/s for both, their ratio, the
+bridge's overhead per slot-step in µs, and for images the frame size and what encoding and
+decoding one frame costs here (the user-space copies of its pixels). ``--before REF`` also runs
+the bridge of ``git archive REF`` (e.g. ``main``) right before this checkout's, against the same
+raw loop. Not a test: the machine is shared and noisy, so only side-by-side ratios count.
 """
 
 from __future__ import annotations
@@ -30,11 +34,15 @@ from pytest_hud.client import AsyncControlClient, AsyncSlotClient, BridgeAddress
 from pytest_hud.sim.target import load_sim  # noqa: E402
 
 PIXEL_TARGET = f"{ROOT / 'benchmarks' / 'pixel_env.py'}:make"
+CAMERAS_TARGET = f"{ROOT / 'benchmarks' / 'pixel_env.py'}:make_two_cameras"
+ENVS = {"state": ("Pendulum-v1", "Pendulum-v1"), "pixels": ("Pendulum pixels 96x96", PIXEL_TARGET),
+        "cameras": ("Pendulum 2 cams 224x224", CAMERAS_TARGET)}
 
 
-def start_bridge(target: str, width: int, workdir: str) -> tuple[subprocess.Popen, BridgeAddress]:
-    announce = Path(workdir) / f"{abs(hash(target))}.json"
-    env = dict(os.environ, SDL_VIDEODRIVER="dummy", PYTHONPATH=str(ROOT))
+def start_bridge(target: str, width: int, workdir: str,
+                 code_root: Path = ROOT) -> tuple[subprocess.Popen, BridgeAddress]:
+    announce = Path(workdir) / f"{abs(hash(target))}-{time.monotonic_ns()}.json"
+    env = dict(os.environ, SDL_VIDEODRIVER="dummy", PYTHONPATH=str(code_root))
     proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.sim", target, "--width", str(width),
                              "--announce", str(announce)], env=env)
     while not announce.exists():
@@ -91,30 +99,75 @@ def raw_loop(target: str, width: int, ticks: int) -> tuple[float, int]:
     return elapsed, ticks * width
 
 
-def measure(label: str, target: str, width: int, ticks: int, workdir: str) -> None:
-    proc, address = start_bridge(target, width, workdir)
+def bridge_rate(target: str, width: int, ticks: int, workdir: str, code_root: Path) -> float:
+    proc, address = start_bridge(target, width, workdir, code_root)
     try:
         asyncio.run(drive_clients(address, width, min(50, ticks)))  # warm-up
         b_s, b_steps = asyncio.run(drive_clients(address, width, ticks))
     finally:
         proc.terminate()
         proc.wait(10)
+    return b_steps / b_s
+
+
+def codec_cost(target: str) -> str:
+    """One slot's observation frame: its size, and what packing + unpacking it costs here."""
+    from pytest_hud.sim.engine import _frame
+    from pytest_hud.wire import packb, unpackb
+
+    sim = load_sim(target, 1)
+    obs = {k: v[0] for k, v in sim.observe().items()}
+    sim.close()
+    frame = _frame(obs, 0.0, False, False, False)
+    data = packb(frame)
+    n = 200
+    t0 = time.thread_time()
+    for _ in range(n):
+        unpackb(packb(frame))
+    us = (time.thread_time() - t0) / n * 1e6
+    pixels = sum(v.nbytes for v in obs.values() if v.dtype == np.uint8)
+    return f"frame {len(data) / 1024:6.1f} KiB ({pixels / 1024:.1f} KiB of pixels); pack + unpack {us:6.1f} µs"
+
+
+def measure(label: str, target: str, width: int, ticks: int, workdir: str, before: Path | None,
+            ref: str | None) -> None:
+    before_rate = bridge_rate(target, width, ticks, workdir, before) if before is not None else None
+    rate = bridge_rate(target, width, ticks, workdir, ROOT)
     r_s, r_steps = raw_loop(target, width, ticks)
-    bridge_rate, raw_rate = b_steps / b_s, r_steps / r_s
-    overhead_us = (1 / bridge_rate - 1 / raw_rate) * 1e6
-    print(f"{label:<22} width {width}  bridge {bridge_rate:9.0f} env-steps/s   raw {raw_rate:9.0f} env-steps/s   "
-          f"bridge/raw {bridge_rate / raw_rate:5.3f}   overhead {overhead_us:6.1f} µs/slot-step")
+    raw_rate = r_steps / r_s
+    rows = [(f"before ({ref})", before_rate)] if before_rate is not None else []
+    rows.append(("this checkout", rate))
+    for who, bridge in rows:
+        overhead_us = (1 / bridge - 1 / raw_rate) * 1e6
+        print(f"{label:<23} {who:<15} width {width}  bridge {bridge:9.0f} env-steps/s   raw {raw_rate:9.0f} "
+              f"env-steps/s   bridge/raw {bridge / raw_rate:5.3f}   overhead {overhead_us:6.1f} µs/slot-step",
+              flush=True)
+    if target != "Pendulum-v1":
+        print(f"{'':<23} {codec_cost(target)}", flush=True)
+
+
+def _extract(ref: str, into: Path) -> Path:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "pytest_hud"], check=True,
+                             capture_output=True).stdout
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--ticks", type=int, default=3000, help="Ticks for Pendulum-v1")
-    parser.add_argument("--pixel-ticks", type=int, default=600, help="Ticks for the 96x96 pixel env")
+    parser.add_argument("--pixel-ticks", type=int, default=600, help="Ticks for the image envs")
+    parser.add_argument("--envs", default="state,pixels", help="Comma-separated: state, pixels, cameras")
+    parser.add_argument("--before", help="Also run the bridge of this git ref (e.g. main)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
-        measure("Pendulum-v1", "Pendulum-v1", args.width, args.ticks, workdir)
-        measure("Pendulum pixels 96x96", PIXEL_TARGET, args.width, args.pixel_ticks, workdir)
+        before = _extract(args.before, Path(workdir) / "before") if args.before else None
+        for name in args.envs.split(","):
+            label, target = ENVS[name]
+            ticks = args.ticks if name == "state" else args.pixel_ticks
+            measure(label, target, args.width, ticks, workdir, before, args.before)
 
 
 if __name__ == "__main__":

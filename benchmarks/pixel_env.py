@@ -27,3 +27,20 @@ class PixelObservation(gym.ObservationWrapper):
 
 def make(env_id: str = "Pendulum-v1", size: int = 96) -> gym.Env:
     return PixelObservation(gym.make(env_id, render_mode="rgb_array"), size)
+
+
+class TwoCameras(gym.ObservationWrapper):
+    """Two cameras of ``size`` x ``size`` (the input size of most VLA policies): the rendering and its mirror."""
+
+    def __init__(self, env: gym.Env, size: int = 224) -> None:
+        super().__init__(PixelObservation(env, size))
+        box = spaces.Box(0, 255, (size, size, 3), np.uint8)
+        self.observation_space = spaces.Dict({"top": box, "side": box})
+
+    def observation(self, observation):
+        top = observation["pixels"]
+        return {"top": top, "side": np.ascontiguousarray(top[:, ::-1])}
+
+
+def make_two_cameras(env_id: str = "Pendulum-v1", size: int = 224) -> gym.Env:
+    return TwoCameras(gym.make(env_id, render_mode="rgb_array"), size)

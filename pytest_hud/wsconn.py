@@ -8,6 +8,7 @@ calling thread: send an action, read the socket until the next message, done.
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 from collections import deque
@@ -38,6 +39,11 @@ class BlockingWebSocket:
         deadline = time.monotonic() + open_timeout
         self._sock = socket.create_connection((uri.host, uri.port), timeout=open_timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Non-blocking, waited on with poll(): settimeout() per read would cost an extra system
+        # call on every message, and reads are the hot path (one per observation).
+        self._sock.setblocking(False)
+        self._poll = select.poll()
+        self._poll.register(self._sock, select.POLLIN)
         try:
             request = self._protocol.connect()
             for name, value in (headers or {}).items():  # e.g. a policy server's Authorization
@@ -57,15 +63,25 @@ class BlockingWebSocket:
     # ------------------------------------------------------------------ I/O
     def _flush(self) -> None:
         data = self._protocol.data_to_send()
-        if data:
-            self._sock.sendall(b"".join(data))
+        if not data:
+            return
+        view = memoryview(b"".join(data) if len(data) > 1 else data[0])
+        while view:
+            try:
+                view = view[self._sock.send(view):]
+            except BlockingIOError:  # the peer is not reading: wait until it does
+                if not select.select([], [self._sock], [], 30.0)[1]:
+                    raise TimeoutError("the bridge read nothing for 30 s") from None
 
     def _read(self, timeout: float) -> None:
         if timeout <= 0:
             raise TimeoutError("timed out")
-        self._sock.settimeout(timeout)
+        if not self._poll.poll(timeout * 1000.0):  # readable, closed or failed: recv() tells which
+            raise TimeoutError("timed out")
         try:
             data = self._sock.recv(262144)
+        except BlockingIOError:
+            return  # woken without data (spurious): the caller loops until its deadline
         except (ConnectionResetError, BrokenPipeError):
             data = b""
         if data:

@@ -411,3 +411,44 @@ def test_an_unknown_target_exits_with_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "pytest_hud.sim", "NoSuchEnv-v0"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "unknown sim target 'NoSuchEnv-v0'" in out.stderr
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_bridge_serves_the_same_episode_on_asyncio_and_on_uvloop(bridge, monkeypatch, loop):
+    if loop == "uvloop":
+        pytest.importorskip("uvloop", reason="uvloop is the optional pytest-hud[fast] extra")
+    monkeypatch.setenv("PYTEST_HUD_LOOP", loop)
+    address = bridge("Pendulum-v1", 2)
+    assert json.loads(json.dumps(ControlClient(address).stats()))["width"] == 2
+    with ControlClient(address) as control:
+        claim = control.reset(seed=5)
+        with SlotClient(address, claim.token) as slot:
+            states = [slot.first_observation["state"]]
+            for _ in range(5):
+                states.append(slot.step(np.full(1, 0.5, np.float32))["state"])
+        grade = control.result(claim.token)
+    env = gym.make("Pendulum-v1")
+    obs, _ = env.reset(seed=5)
+    expected = [obs] + [env.step(np.full(1, 0.5, np.float32))[0] for _ in range(5)]
+    np.testing.assert_allclose(np.array(states), np.array(expected), rtol=1e-6)
+    assert grade["steps"] == 5
+
+
+def test_an_action_sent_before_the_last_observation_fails_that_slot_readably(bridge):
+    from websockets.sync.client import connect
+
+    from pytest_hud.wire import packb, unpackb
+
+    address = bridge(COUNTER, 2)
+    with ControlClient(address) as control:
+        mine, peer = control.reset(seed=1), control.reset(seed=2)
+        with SlotClient(address, peer.token), connect(address.ws_url, compression=None) as ws:
+            # the peer is live and silent, so the tick holds our first action...
+            unpackb(ws.recv(timeout=10))  # metadata
+            ws.send(packb({"claim": mine.token}))
+            unpackb(ws.recv(timeout=10))  # first observation
+            action = packb({"actions": np.zeros(1, np.float32)})
+            ws.send(action)
+            ws.send(action)  # ...and this one comes before its observation could have
+            message = ws.recv(timeout=10)
+        assert isinstance(message, str) and "one action per observation" in message

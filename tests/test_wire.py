@@ -91,3 +91,35 @@ def test_truncated_and_inconsistent_frames_raise_wire_errors():
 def test_oversized_frames_are_refused():
     with pytest.raises(WireError, match="exceeds"):
         unpackb(b"\0" * (MAX_FRAME_BYTES + 1))
+
+
+# ------------------------------------------------ the flat-frame fast path writes the same bytes
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+from pytest_hud.wire import _encode  # noqa: E402
+
+_DTYPES = st.sampled_from(["<f4", ">f4", "<f8", "|u1", "<i8", ">i2", "|b1", "<M8[s]", "<U3"])
+_ARRAYS = _DTYPES.flatmap(lambda d: hnp.arrays(np.dtype(d), hnp.array_shapes(min_dims=0, max_dims=3, max_side=5)))
+_VALUES = st.one_of(
+    _ARRAYS,
+    _ARRAYS.map(lambda a: a.T),  # non-contiguous (Fortran-ordered) views
+    _ARRAYS.map(lambda a: a[::2] if a.ndim else a),
+    st.sampled_from([np.float32(0.25), np.int64(-3), np.bool_(True), np.uint8(7), np.float64("nan")]),
+    st.booleans(), st.none(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=40),
+    st.binary(max_size=8), st.lists(st.integers(0, 3), max_size=3),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.text(max_size=300), _VALUES, max_size=20))
+def test_flat_frames_encode_exactly_as_the_general_path(frame):
+    assert packb(frame) == msgpack.packb(frame, default=_encode)
+
+
+def test_large_frames_use_the_long_headers_exactly_as_msgpack_does():
+    frame = {f"k{i}": np.arange(i * 700, dtype=np.uint8) for i in range(18)}  # >15 keys, bin16, bin32
+    frame["image"] = np.zeros((224, 224, 3), np.uint8)
+    assert packb(frame) == msgpack.packb(frame, default=_encode)
+    assert np.array_equal(unpackb(packb(frame))["k17"], frame["k17"])

@@ -17,8 +17,8 @@ of them before asking again (``[A]`` is a chunk of one).
 
 from __future__ import annotations
 
+import _signal
 import contextlib
-import signal
 import threading
 import time
 from collections import deque
@@ -151,11 +151,15 @@ class EpisodeLoop:
 
 @contextlib.contextmanager
 def watchdog(seconds: float | None, option: str) -> Iterator[None]:
-    """Interrupt a model call that outlives ``seconds`` (main thread, SIGALRM not in use)."""
+    """Interrupt a model call that outlives ``seconds`` (main thread, SIGALRM not in use).
+
+    ``_signal`` rather than ``signal``: the latter wraps every call in enum conversions that cost
+    more than the system calls themselves, and this runs once per planned step.
+    """
     usable = (
         seconds is not None
         and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)  # pytest-timeout owns it otherwise
+        and _signal.getsignal(_signal.SIGALRM) in (_signal.SIG_DFL, None)  # pytest-timeout owns it otherwise
     )
     if not usable:
         yield
@@ -164,10 +168,10 @@ def watchdog(seconds: float | None, option: str) -> Iterator[None]:
     def expired(signum: int, frame: Any) -> None:
         raise EpisodeError(f"the policy did not answer within {seconds:g} s ({option} plus a margin)")
 
-    signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    _signal.signal(_signal.SIGALRM, expired)
+    _signal.setitimer(_signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
+        _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)

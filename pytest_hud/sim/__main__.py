@@ -24,6 +24,23 @@ from .server import BridgeServer, Timeouts
 from .target import TargetError, load_sim
 
 SECRET_ENV = "PYTEST_HUD_SECRET"
+LOOP_ENV = "PYTEST_HUD_LOOP"  # "asyncio" forces the standard loop even where uvloop is installed
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """The serving thread's loop: uvloop when installed (``pytest-hud[fast]``), else asyncio's.
+
+    uvloop runs the same sockets and protocols with less CPU per message; nothing on the wire
+    changes. ``PYTEST_HUD_LOOP=asyncio`` opts out.
+    """
+    if os.environ.get(LOOP_ENV, "") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
 
     secret = os.environ.pop(SECRET_ENV, None) or secrets.token_hex(16)
     executor = MainThreadExecutor()
-    loop = asyncio.new_event_loop()
+    loop = new_event_loop()
     ready = threading.Event()
     failure: list[BaseException] = []
     server = BridgeServer(
         sim,
-        executor.submit,
+        executor.submit_to,
         secret=secret,
         host=args.host,
         timeouts=Timeouts(args.claim_timeout, args.first_action_timeout, args.step_timeout),

@@ -6,6 +6,7 @@ created them; the bridge keeps the main thread for the sim and queues every call
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -30,6 +31,19 @@ class MainThreadExecutor:
         else:
             self._queue.put((fn, args, fut))
         return fut
+
+    def submit_to(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """:meth:`submit` for a caller on ``loop``: the answer comes back as one of its futures.
+
+        One ``call_soon_threadsafe`` per call, instead of a ``concurrent.futures.Future`` chained
+        to an asyncio one (two more locks and a callback chain on every tick).
+        """
+        reply = _LoopReply(loop)
+        if self._stopped.is_set():
+            reply.set_exception(RuntimeError("the bridge is shutting down"))
+        else:
+            self._queue.put((fn, args, reply))  # type: ignore[arg-type]
+        return reply.future
 
     def stop(self) -> None:
         self._stopped.set()
@@ -63,3 +77,38 @@ class MainThreadExecutor:
                 break
             if item is not None:
                 item[2].set_exception(RuntimeError("the bridge is shutting down"))
+
+
+class _LoopReply:
+    """The :class:`~concurrent.futures.Future` methods :meth:`MainThreadExecutor.run` calls,
+    delivering straight into an asyncio future of ``loop``."""
+
+    __slots__ = ("loop", "future")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future = loop.create_future()
+
+    def set_running_or_notify_cancel(self) -> bool:
+        return not self.future.cancelled()
+
+    def set_result(self, value: Any) -> None:
+        self._deliver(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._deliver(None, exc)
+
+    def _deliver(self, value: Any, exc: BaseException | None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(_settle, self.future, value, exc)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+
+def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(value)

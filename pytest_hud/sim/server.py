@@ -2,9 +2,11 @@
 
 Runs on an asyncio loop in a background thread. What happens to a slot (claims, ticks, holds,
 timeouts, failures) is decided by :class:`~.engine.BridgeEngine`; this module decodes frames, asks
-the engine, runs the sim calls it plans on the main thread through ``submit`` (see
-:mod:`pytest_hud.sim.mainthread`), serialised by one lock so a slot's reset can never interleave
-with a batched step, and sends back what the engine answers.
+the engine, runs the sim calls it plans on the main thread through ``submit(loop, fn, *args)``
+(an awaitable answer; see :mod:`pytest_hud.sim.mainthread`), serialised by one lock so a slot's
+reset can never interleave with a batched step, and sends back what the engine answers. The tick
+writes every acting slot's observation itself, and one timer watches all deadlines: the per-step
+path has one wake-up per tick, not one per slot.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
@@ -71,7 +74,7 @@ class BridgeServer:
         self._wave_gather_s = wave_gather_s
         self._sim_lock = asyncio.Lock()
         self._slot_changed = asyncio.Condition()
-        self._waiters: dict[int, asyncio.Future] = {}
+        self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
         self._sockets: dict[int, ServerConnection] = {}
         self._tick_task: asyncio.Task | None = None
         self._ticking = False
@@ -112,7 +115,7 @@ class BridgeServer:
             self._ws_server.close()
 
     async def _sim_call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.wrap_future(self._submit(fn, *args))
+        return await self._submit(asyncio.get_running_loop(), fn, *args)
 
     def _hello_info(self) -> dict[str, Any]:
         return {
@@ -233,12 +236,10 @@ class BridgeServer:
 
     async def _free(self, slot: Slot, why: str) -> None:
         ws = self._sockets.pop(slot.index, None)
-        waiter = self._waiters.pop(slot.index, None)
+        awaiting = slot.state is SlotState.LIVE and slot.pending_action is not None
         failure = self.engine.release(slot, why)
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(failure)
-        if ws is not None:
-            asyncio.ensure_future(ws.close(1000, _close_reason(why)))
+        if ws is not None:  # an agent waiting for an observation reads why, as a text frame
+            asyncio.ensure_future(_fail(ws, failure) if awaiting else ws.close(1000, _close_reason(why)))
         async with self._slot_changed:
             self._slot_changed.notify_all()
         self._maybe_tick()  # a released slot may have been the one the tick waited for
@@ -269,15 +270,14 @@ class BridgeServer:
                 self.engine.disconnect(slot, clean=rcvd is not None and rcvd.code in (1000, 1001))
                 self._maybe_tick()
 
-    async def _next_frame(self, ws: ServerConnection, waiting: Slot | Handshake) -> Any:
-        """The agent's next frame, or ``_LATE`` once the engine has failed ``waiting`` for lateness."""
+    async def _next_frame(self, ws: ServerConnection, waiting: Handshake) -> Any:
+        """The agent's claim frame, or ``_LATE`` once the engine has failed ``waiting`` for lateness."""
         while waiting.deadline is not None:
             try:
                 async with asyncio.timeout(waiting.deadline - time.monotonic()):
                     return await ws.recv()
             except TimeoutError:
-                if self.engine.expire(time.monotonic()):
-                    self._maybe_tick()  # a failed slot no longer holds its peers' tick back
+                self._expire()
         return _LATE
 
     async def _bind(self, ws: ServerConnection, handshake: Handshake, raw: Any) -> Slot | None:
@@ -301,45 +301,67 @@ class BridgeServer:
         except (SimFailed, NoFirstObservation) as failure:
             await _fail(ws, failure)
             return None
+        self._arm_deadline()  # its first-action clock
         await ws.send(packb(frame))
         return slot
 
     async def _drive(self, ws: ServerConnection, slot: Slot) -> None:
-        loop = asyncio.get_running_loop()
+        """Read this slot's actions until its episode ends; the tick sends its observations.
+
+        Nothing waits here for an observation: the tick writes every acting slot's frame itself
+        (one wake-up per tick, not one per slot), and the bridge's deadline timer fails a late
+        slot (see :meth:`_arm_deadline`).
+        """
         token = slot.token
-        while slot.state is SlotState.LIVE:
-            raw = await self._next_frame(ws, slot)
-            if raw is _LATE or slot.state is not SlotState.LIVE:
-                break
+        engine = self.engine
+        while True:
+            raw = await ws.recv()
+            if slot.token != token:
+                return  # released: _free closes the socket
+            if slot.state is not SlotState.LIVE:
+                if slot.failure is None:  # the episode is over: stay connected until the agent hangs up
+                    await _fail(ws, engine.late_frame(slot))
+                return  # a failed slot is told by whoever failed it (the tick, the deadline timer)
             try:
                 if isinstance(raw, str):
                     raise WireError("action frames must be binary msgpack, not text")
-                self.engine.submit_action(slot, unpackb(raw), time.monotonic())
+                if slot.pending_action is not None:
+                    raise WireError("an action arrived before the observation of the previous one; "
+                                    "send one action per observation")
+                engine.submit_action(slot, unpackb(raw), time.monotonic())
             except (WireError, BadAction) as exc:
-                failure = exc if isinstance(exc, BadAction) else self.engine.refuse_action(slot, str(exc))
+                failure = exc if isinstance(exc, BadAction) else engine.refuse_action(slot, str(exc))
                 self._maybe_tick()
                 await _fail(ws, failure)
                 return
-            waiter = loop.create_future()
-            self._waiters[slot.index] = waiter
-            if not self._ticking and self.engine.ready_to_step(time.monotonic()):
+            if not self._ticking and engine.ready_to_step(time.monotonic()):
                 await self._tick()  # the last slot to act runs the tick itself: no extra task
             elif not self._ticking:
                 self._arm_window()
-            try:
-                frame = await waiter
-            except SlotFailure as failure:
-                await _fail(ws, failure)
-                return
-            await ws.send(frame)
-        if slot.failure is not None and slot.token == token:
-            # timed out: its own clock or a peer's expire() call noticed first
-            await _fail(ws, slot.failure)
+
+    # -------------------------------------------------------------- deadlines
+    def _arm_deadline(self) -> None:
+        """Keep one timer at the earliest deadline of any LIVE slot (not one timer per receive)."""
+        due = min((s.deadline for s in self.engine.slots if s.deadline is not None), default=None)
+        if due is None or (self._deadline is not None and self._deadline[0] <= due):
             return
-        # Episode over: stay connected until the agent hangs up or the slot is released.
-        async for _ in ws:
-            await _fail(ws, self.engine.late_frame(slot))
-            return
+        if self._deadline is not None:
+            self._deadline[1].cancel()
+        delay = max(0.0, due - time.monotonic())
+        self._deadline = (due, asyncio.get_running_loop().call_later(delay, self._deadline_passed))
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        self._expire()
+        self._arm_deadline()
+
+    def _expire(self) -> None:
+        """Fail every slot and handshake past its deadline; a failed slot no longer holds its peers."""
+        for late, failure in self.engine.expire(time.monotonic()):
+            ws = self._sockets.get(late.index) if isinstance(late, Slot) else None
+            if ws is not None:
+                asyncio.ensure_future(_fail(ws, failure))
+        self._maybe_tick()
 
     # ------------------------------------------------------------------ tick
     def _maybe_tick(self) -> None:
@@ -376,17 +398,19 @@ class BridgeServer:
                                                       plan.mask)
                 except Exception:
                     for i, failure in self.engine.step_failed(plan, traceback.format_exc()):
-                        waiter = self._waiters.pop(i, None)
-                        if waiter is not None and not waiter.done():
-                            waiter.set_exception(failure)
+                        ws = self._sockets.get(i)
+                        if ws is not None:
+                            asyncio.ensure_future(_fail(ws, failure))
                     return
                 # packed under the lock: ``obs`` may be the sim's own buffers, which its next call reuses
+                sockets = self._sockets
                 for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic()):
-                    waiter = self._waiters.pop(i, None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(packb(frame))
+                    ws = sockets.get(i)
+                    if ws is not None:
+                        _send_now(ws, packb(frame))
         finally:
             self._ticking = False
+        self._arm_deadline()
         self._maybe_tick()
 
 
@@ -410,6 +434,23 @@ def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mas
             sim.reset_slots(park, [None] * len(park), [None] * len(park))
     batch = sim.step(actions) if mask is None else sim.step_slots(actions, mask)  # mask: ready mode
     return batch, sim.observe()
+
+
+def _send_now(ws: ServerConnection, data: bytes) -> None:
+    """Write one binary message to ``ws`` now, from the tick, without a task or an await.
+
+    websockets' sans-I/O ``protocol`` frames it and ``send_data`` hands it to the transport: what
+    ``ws.send`` does, minus its async context and its wait for the write buffer to drain. Lockstep
+    bounds that buffer (an agent gets one observation per action), and a slow reader must not
+    hold the tick of its peers. A closing connection is skipped: its reader learns why elsewhere.
+    """
+    if ws.protocol.state is not State.OPEN:
+        return
+    try:
+        ws.protocol.send_binary(data)
+        ws.send_data()
+    except Exception:  # noqa: BLE001 - the transport broke: its reader sees the connection close
+        ws.transport.abort()
 
 
 def _sim_stats(sim: VectorSim) -> Any:
