@@ -67,3 +67,17 @@ def test_only_sync_vector_envs_with_per_slot_resets_step_per_slot(make, steps_pe
                 sim.step_slots(np.stack([sim.hold_action()] * 2), np.array([True, False]))
     finally:
         sim.close()
+
+
+def test_a_natively_batched_env_refuses_per_slot_seeds_with_the_fix_and_runs_at_width_one():
+    wide = GymSim(gym.make_vec("CartPole-v1", 2, vectorization_mode="vector_entry_point"))
+    with pytest.raises(ValueError, match="natively batched vector env.*--hud-width=1.*vectorization_mode='sync'"):
+        wide.reset_slots([0, 1], [3, 4], [None, None])
+    wide.reset_slots([0, 1], [None, None], [None, None])  # unseeded resets still work
+
+    def first_obs(seed):
+        sim = GymSim(gym.make_vec("CartPole-v1", 1, vectorization_mode="vector_entry_point"))
+        sim.reset_slots([0], [seed], [None])
+        return next(iter(sim.observe().values())).copy()
+
+    assert np.array_equal(first_obs(7), first_obs(7)) and not np.array_equal(first_obs(7), first_obs(8))

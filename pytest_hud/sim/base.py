@@ -143,10 +143,12 @@ class GymSim(VectorSim):
     """
 
     def __init__(self, env: Any, control_rate: float | None = None) -> None:
-        from gymnasium.vector import SyncVectorEnv
+        from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
         super().__init__(env.num_envs)
         self.env = env
+        # A natively batched env (one object steps every slot) takes one int seed for all its slots.
+        self._per_slot_seeds = isinstance(env, (SyncVectorEnv, AsyncVectorEnv))
         mode = env.metadata.get("autoreset_mode")
         self.supports_slot_reset = getattr(mode, "value", mode) == "Disabled"
         self.supports_slot_step = self.supports_slot_reset and isinstance(env, SyncVectorEnv)
@@ -188,7 +190,7 @@ class GymSim(VectorSim):
             mask = np.zeros(n, bool)
             mask[list(indices)] = True
             opts["reset_mask"] = mask
-        obs, infos = self.env.reset(seed=seed_list, options=opts or None)
+        obs, infos = self.env.reset(seed=self._seed_arg(seed_list), options=opts or None)
         flat = self._flatten(obs)
         if self.supports_slot_reset:  # only the reset rows: the others are ours (see step_slots)
             rows = list(indices)
@@ -197,6 +199,21 @@ class GymSim(VectorSim):
         else:
             self._obs = flat
         return success_from_infos(infos, n)[list(indices)]
+
+    def _seed_arg(self, seed_list: list[int | None]) -> Any:
+        if self._per_slot_seeds:
+            return seed_list
+        given = [s for s in seed_list if s is not None]
+        if not given:
+            return None
+        if self.width == 1:
+            return int(given[0])
+        raise ValueError(
+            f"{type(self.env).__name__} is a natively batched vector env: it takes one seed for all its "
+            f"{self.width} slots, so an episode's seed would not decide its initial state (it would depend "
+            f"on its slot and its neighbours). Use --hud-width=1 with it, make it with "
+            f"vectorization_mode='sync' (one env per slot), or write a VectorSim whose reset_slots "
+            f"honours each slot's seed")
 
     def step_slots(self, actions: np.ndarray, mask: np.ndarray) -> StepBatch:
         if not self.supports_slot_step:
