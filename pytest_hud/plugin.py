@@ -133,6 +133,16 @@ def _activate(config: pytest.Config, settings: HudSettings, inputs: RunInputs,
     return controller
 
 
+def _late_header(config: pytest.Config, controller: HudController) -> None:
+    """Print the ``hud:`` header lines that ``pytest_report_header`` could not (we activated later)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or config.get_verbosity() < 0:
+        return
+    reporter.ensure_newline()
+    for line in controller.pytest_report_header(config):
+        reporter.write_line(line)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
@@ -170,7 +180,7 @@ class LazyLocal:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if uses_hud(session.items) and self.config.stash.get(CONTROLLER_KEY, None) is None:
-            _activate(self.config, self.settings, self.inputs)
+            _late_header(self.config, _activate(self.config, self.settings, self.inputs))
             declare_episodes(session, worker_session(self.config))
 
 
@@ -205,6 +215,7 @@ class LazyXdist:
             return
         self.controller = _activate(self.config, self.settings, self.inputs, xdist_hooks=False,
                                     secret=self.secret)
+        _late_header(self.config, self.controller)
         tmp = self.rendezvous / "pool.json.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:

@@ -115,7 +115,8 @@ def test_a_project_without_hud_settings_activates_when_a_test_uses_the_fixtures(
     pytester.makepyfile(sims=SIMS, policies=POLICIES, test_lazy=LAZY)
     result = run(pytester, *workers, "-k", "balance or plain")
     result.assert_outcomes(passed=5)
-    result.stdout.fnmatch_lines(["*pytest-hud summary*", "*test_lazy.py::test_balance*4*4*100.0%*",
+    result.stdout.fnmatch_lines(["hud: sim=(per test) width=* policy=(per test) (*",  # printed on activation
+                                 "*pytest-hud summary*", "*test_lazy.py::test_balance*4*4*100.0%*",
                                  "coverage: 4/4 declared episodes reported*"])
     assert list((pytester.path / "tmp").iterdir()) == []  # the pool's and rendezvous' dirs are gone
 
