@@ -232,6 +232,9 @@ class RpcClient:
                     f"{self.what} did not answer {method}() within {self._sock.gettimeout():.0f} s",
                     code=None,
                 ) from None
+            except (ConnectionResetError, BrokenPipeError) as exc:  # the peer went away (killed, crashed)
+                raise RpcError(f"{self.what} closed the connection during {method}() ({exc.strerror})",
+                               code=None) from None
             except OSError as exc:
                 raise RpcError(f"connection to {self.what} failed during {method}(): {exc}", code=None) from None
             finally:
@@ -287,6 +290,8 @@ class AsyncRpcClient:
                         fut.set_result(matched[1])
         except RpcError as exc:
             error = exc
+        except (ConnectionResetError, BrokenPipeError) as exc:  # the peer went away (killed, crashed)
+            error = RpcError(f"{self.what} closed the connection ({exc.strerror})", code=None)
         except (ConnectionError, asyncio.LimitOverrunError, ValueError) as exc:
             error = RpcError(f"connection to {self.what} failed: {exc}", code=None)
         finally:

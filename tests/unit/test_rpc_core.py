@@ -259,3 +259,31 @@ def test_a_closed_slot_connection_reports_the_close_reason_or_its_buffered_error
     assert str(send_error(silent, "slot 1 sent an action of shape (3,)")) == "slot 1 sent an action of shape (3,)"
     assert str(send_error(silent, None)) == str(closed_error(silent))
     assert str(send_error(silent, b"\x80")) == str(closed_error(silent))  # binary is not an error frame
+
+
+def test_a_peer_that_resets_the_connection_reads_as_closed_not_as_a_bare_errno():
+    """A killed bridge resets its control connection: the worker's error says the bridge went away."""
+    import socket
+    import struct
+    import threading
+
+    from pytest_hud.rpc import RpcClient
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        stream = conn.makefile("rb")
+        hello = json.loads(stream.readline())
+        conn.sendall(json.dumps({"jsonrpc": "2.0", "id": hello["id"], "result": {}}).encode() + b"\n")
+        stream.readline()  # the next call: answer it with a reset (as a SIGKILLed process's kernel does)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = RpcClient("127.0.0.1", server.getsockname()[1], "secret", timeout=10, what="bridge")
+    with pytest.raises(RpcError, match=r"bridge closed the connection during stats\(\)"):
+        client.call("stats")
+    thread.join(5)
+    server.close()
