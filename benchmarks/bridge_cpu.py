@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from git_ref import extract_package
+
 ROOT = Path(__file__).resolve().parent.parent
 TICK_S = os.sysconf("SC_CLK_TCK")
 TICK = ["lockstep"]  # --tick for bridges that have the option (set from the command line)
@@ -199,13 +201,6 @@ def measure(label: str, kind: str, code_root: Path | None, python: str, args, wo
     return {"label": label, "us": per, "rate": steps / (w1 - w0)}
 
 
-def _extract(ref: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "pytest_hud"], check=True,
-                             capture_output=True).stdout
-    into.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -229,7 +224,7 @@ def main() -> None:
         workdir = Path(tmp)
         setups = [("this checkout", "pytest-hud", ROOT, sys.executable)]
         if args.before:
-            before = _extract(args.before, workdir / "before")
+            before = extract_package(args.before, workdir / "before")
             setups.insert(0, (f"before ({args.before})", "pytest-hud", before, sys.executable))
         if not args.no_hud:
             why = hud_available(args.hud_python)

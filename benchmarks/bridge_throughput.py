@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from git_ref import extract_package
+
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,13 +148,6 @@ def measure(label: str, target: str, width: int, ticks: int, workdir: str, befor
         print(f"{'':<23} {codec_cost(target)}", flush=True)
 
 
-def _extract(ref: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "pytest_hud"], check=True,
-                             capture_output=True).stdout
-    into.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -163,7 +158,7 @@ def main() -> None:
     parser.add_argument("--before", help="Also run the bridge of this git ref (e.g. main)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
-        before = _extract(args.before, Path(workdir) / "before") if args.before else None
+        before = extract_package(args.before, Path(workdir) / "before") if args.before else None
         for name in args.envs.split(","):
             label, target = ENVS[name]
             ticks = args.ticks if name == "state" else args.pixel_ticks

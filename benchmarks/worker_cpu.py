@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from git_ref import extract_package
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -76,13 +78,6 @@ def worker(announce: str, episodes: int, video_dir: str) -> None:
                       "observers": [type(o).__name__ for o in observers]}))
 
 
-def _extract(ref: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "pytest_hud"], check=True,
-                             capture_output=True).stdout
-    into.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -109,7 +104,7 @@ def main() -> None:
             time.sleep(0.05)
             setups = [("this checkout", ROOT)]
             if args.before:
-                setups.insert(0, (f"before ({args.before})", _extract(args.before, workdir / "before")))
+                setups.insert(0, (f"before ({args.before})", extract_package(args.before, workdir / "before")))
             results: dict[str, list[float]] = {label: [] for label, _ in setups}
             for _ in range(args.repeat):
                 for label, root in setups:
