@@ -1,9 +1,11 @@
-"""A blocking WebSocket client connection with no background thread.
+"""A blocking WebSocket client connection with no background thread, on :mod:`pytest_hud.wsproto`.
 
 websockets' own sync client hands every message from a receiving thread to the caller, which costs
 a thread switch (and GIL contention) per observation. An episode is strictly request/response, so
-this connection drives websockets' sans-I/O :class:`~websockets.client.ClientProtocol` from the
-calling thread: send an action, read the socket until the next message, done.
+this connection reads and writes the socket from the calling thread: send an action, read until
+the next message, done. Framing is :mod:`.wsproto`'s straight-line code; errors are websockets'
+exception types (``ConnectionClosed``, ``InvalidStatus``, ``InvalidHandshake``, ``InvalidURI``), so
+callers read them as they would from websockets.
 """
 
 from __future__ import annotations
@@ -13,15 +15,33 @@ import socket
 import time
 from collections import deque
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
-from websockets.client import ClientProtocol
+from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.frames import Opcode
+from websockets.frames import Close
 from websockets.http11 import Response
-from websockets.protocol import State
-from websockets.uri import parse_uri
+
+from .wsproto import (
+    MAX_HEAD,
+    OP_BINARY,
+    OP_CLOSE,
+    OP_PING,
+    OP_PONG,
+    OP_TEXT,
+    FrameReader,
+    HandshakeError,
+    ProtocolError,
+    client_request,
+    close_payload,
+    encode_frame,
+    parse_close,
+    parse_response,
+)
 
 __all__ = ["BlockingWebSocket"]
+
+_OPEN, _CLOSING, _CLOSED = range(3)
 
 
 class BlockingWebSocket:
@@ -29,15 +49,15 @@ class BlockingWebSocket:
 
     def __init__(self, url: str, max_size: int, open_timeout: float = 30.0,
                  headers: Mapping[str, str] | None = None) -> None:
-        uri = parse_uri(url)
-        if uri.secure:
-            raise InvalidURI(url, "wss:// is not supported by the slot client; bridges are plain loopback")
-        self._protocol = ClientProtocol(uri, max_size=max_size)
+        host, port, path = _parse_url(url)
+        self._reader = FrameReader(max_size, masked=False)
         self._messages: deque[bytes | str] = deque()
-        self._fragments: list[bytes] = []
-        self._fragment_text = False
+        self._rcvd: Close | None = None  # the close frame the server sent
+        self._sent: Close | None = None  # the close frame this side sent
+        self._rcvd_first = False  # whether the server's close came before ours
+        self._state = _OPEN
         deadline = time.monotonic() + open_timeout
-        self._sock = socket.create_connection((uri.host, uri.port), timeout=open_timeout)
+        self._sock = socket.create_connection((host, port), timeout=open_timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # Non-blocking, waited on with poll(): settimeout() per read would cost an extra system
         # call on every message, and reads are the hot path (one per observation).
@@ -45,104 +65,159 @@ class BlockingWebSocket:
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
         try:
-            request = self._protocol.connect()
-            for name, value in (headers or {}).items():  # e.g. a policy server's Authorization
-                request.headers[name] = value
-            self._protocol.send_request(request)
-            self._flush()
-            while self._protocol.state is State.CONNECTING and self._protocol.handshake_exc is None:
-                self._read(max(0.0, deadline - time.monotonic()))
-            if isinstance(self._protocol.handshake_exc, InvalidStatus):
-                raise self._protocol.handshake_exc  # the caller can read the HTTP status (401, 403, ...)
-            if self._protocol.state is not State.OPEN:
-                raise InvalidHandshake(f"handshake with {url} failed: {self._protocol.handshake_exc}")
+            self._handshake(host, port, path, dict(headers or {}), deadline)
         except BaseException:
             self._sock.close()
             raise
 
+    def _handshake(self, host: str, port: int, path: str, headers: dict[str, str], deadline: float) -> None:
+        request, accept = client_request(host, port, path, headers)
+        self._write(request)
+        head = b""
+        while (end := head.find(b"\r\n\r\n")) < 0:
+            if len(head) > MAX_HEAD:
+                raise InvalidHandshake(f"the server's answer to the upgrade is over {MAX_HEAD} bytes")
+            data = self._read_some(deadline - time.monotonic())
+            if not data:
+                raise InvalidHandshake("the server closed the connection during the WebSocket handshake")
+            head += data
+        try:
+            status, reason, fields = parse_response(head[:end], accept)
+        except HandshakeError as exc:
+            raise InvalidHandshake(str(exc)) from None
+        if status != 101:
+            raise InvalidStatus(Response(status, reason, Headers(fields), head[end + 4:]))
+        rest = head[end + 4:]
+        if rest:
+            self._frames(rest)
+
     # ------------------------------------------------------------------ I/O
-    def _flush(self) -> None:
-        data = self._protocol.data_to_send()
-        if not data:
-            return
-        view = memoryview(b"".join(data) if len(data) > 1 else data[0])
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
         while view:
             try:
                 view = view[self._sock.send(view):]
             except BlockingIOError:  # the peer is not reading: wait until it does
                 if not select.select([], [self._sock], [], 30.0)[1]:
-                    raise TimeoutError("the bridge read nothing for 30 s") from None
+                    raise TimeoutError("the peer read nothing for 30 s") from None
 
-    def _read(self, timeout: float) -> None:
+    def _read_some(self, timeout: float) -> bytes | None:
+        """Bytes from the socket (``b""`` at EOF), or None when woken without data."""
         if timeout <= 0:
             raise TimeoutError("timed out")
         if not self._poll.poll(timeout * 1000.0):  # readable, closed or failed: recv() tells which
             raise TimeoutError("timed out")
         try:
-            data = self._sock.recv(262144)
+            return self._sock.recv(262144)
         except BlockingIOError:
-            return  # woken without data (spurious): the caller loops until its deadline
+            return None  # woken without data (spurious): the caller loops until its deadline
         except (ConnectionResetError, BrokenPipeError):
-            data = b""
-        if data:
-            self._protocol.receive_data(data)
-        else:
-            self._protocol.receive_eof()
-        for event in self._protocol.events_received():
-            if isinstance(event, Response):
-                continue  # the handshake response: state moves to OPEN (or CLOSED)
-            opcode = event.opcode
-            if opcode in (Opcode.TEXT, Opcode.BINARY):
-                self._fragment_text = opcode is Opcode.TEXT
-                self._fragments = [event.data]
-            elif opcode is Opcode.CONT:
-                self._fragments.append(event.data)
-            else:
-                continue  # ping/pong/close are answered by the protocol itself
-            if event.fin:
-                payload = b"".join(self._fragments)
-                self._messages.append(payload.decode() if self._fragment_text else payload)
-                self._fragments = []
-        self._flush()  # pongs and the closing handshake
-        if not data:
-            self._sock.close()
+            return b""
+
+    def _frames(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        try:
+            while (message := reader.next()) is not None:
+                opcode, payload = message
+                if opcode == OP_BINARY or opcode == OP_TEXT:
+                    if self._state == _OPEN:
+                        self._messages.append(payload)
+                elif opcode == OP_PING:
+                    if self._state == _OPEN:
+                        self._write(encode_frame(OP_PONG, payload, mask=True))  # type: ignore[arg-type]
+                elif opcode == OP_CLOSE:
+                    code, reason = parse_close(payload)  # type: ignore[arg-type]
+                    self._rcvd = Close(code, reason)
+                    self._rcvd_first = self._sent is None
+                    if self._state == _OPEN:  # echo it; the server closes TCP
+                        self._send_close(code if code != 1005 else 1000, "")
+                    self._state = _CLOSING
+                    return
+        except ProtocolError as exc:
+            if self._state == _OPEN:
+                self._send_close(exc.code, exc.reason)
+            self._shut()
+
+    def _send_close(self, code: int, reason: str) -> None:
+        self._sent = Close(code, reason)
+        self._state = _CLOSING
+        try:
+            self._write(encode_frame(OP_CLOSE, close_payload(code, reason), mask=True))
+        except OSError:
+            self._shut()
+
+    def _shut(self) -> None:
+        self._state = _CLOSED
+        self._sock.close()
+
+    def _closed(self) -> ConnectionClosed:
+        both = self._rcvd is not None and self._sent is not None
+        return ConnectionClosed(self._rcvd, self._sent, self._rcvd_first if both else None)
 
     def recv(self, timeout: float) -> bytes | str:
         """The next message; raises ``TimeoutError`` or ``ConnectionClosed``."""
+        messages = self._messages
+        if messages:
+            return messages.popleft()
         deadline = time.monotonic() + timeout
-        while not self._messages:
-            if self._protocol.state is State.CLOSED or self._sock.fileno() < 0:
-                raise self._protocol.close_exc
+        while not messages:
+            if self._state == _CLOSED or self._sock.fileno() < 0:
+                raise self._closed()
             try:
-                self._read(deadline - time.monotonic())
-            except TimeoutError:
-                raise
+                data = self._read_some(deadline - time.monotonic())
             except OSError:
-                self._protocol.receive_eof()
-                raise self._protocol.close_exc from None
-        return self._messages.popleft()
+                self._shut()
+                raise self._closed() from None
+            if data is None:
+                continue
+            if not data:
+                self._shut()
+                continue
+            self._frames(data)
+        return messages.popleft()
 
     def send(self, data: bytes) -> None:
-        if self._protocol.state is not State.OPEN:
-            raise self._protocol.close_exc
-        self._protocol.send_binary(data)
+        if self._state != _OPEN:
+            raise self._closed()
         try:
-            self._flush()
+            self._write(encode_frame(OP_BINARY, data, mask=True))
         except OSError:
-            self._protocol.receive_eof()
-            raise self._protocol.close_exc from None
+            self._shut()
+            raise self._closed() from None
 
     def close(self) -> None:
         if self._sock.fileno() < 0:
             return
         try:
-            if self._protocol.state is State.OPEN:
-                self._protocol.send_close(1000)
-                self._flush()
-                deadline = time.monotonic() + 2.0
-                while self._protocol.state is not State.CLOSED and self._sock.fileno() >= 0:
-                    self._read(deadline - time.monotonic())
+            if self._state == _OPEN:
+                self._send_close(1000, "")
+            deadline = time.monotonic() + 2.0
+            while self._state != _CLOSED and self._sock.fileno() >= 0:  # until the server closes TCP
+                data = self._read_some(deadline - time.monotonic())
+                if data == b"":
+                    break
+                if data:
+                    self._frames(data)
         except (OSError, TimeoutError, ConnectionClosed):
             pass
         finally:
+            self._state = _CLOSED
             self._sock.close()
+
+
+def _parse_url(url: str) -> tuple[str, int, str]:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidURI(url, str(exc)) from None
+    if parts.scheme == "wss":
+        raise InvalidURI(url, "wss:// is not supported by this client; bridges and policy servers "
+                              "speak plain ws:// (tunnel TLS if the link needs it)")
+    if parts.scheme != "ws" or not parts.hostname:
+        raise InvalidURI(url, "expected ws://HOST:PORT[/PATH]")
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return parts.hostname, port or 80, path

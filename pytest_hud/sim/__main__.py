@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         target=args.target,
         tick=tick,
         tick_window=args.tick_window,
+        call=executor.call_to,
     )
 
     def serve() -> None:

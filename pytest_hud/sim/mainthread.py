@@ -45,6 +45,16 @@ class MainThreadExecutor:
             self._queue.put((fn, args, reply))  # type: ignore[arg-type]
         return reply.future
 
+    def call_to(self, loop: asyncio.AbstractEventLoop, callback: Callable[[Any, BaseException | None], None],
+                fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` here, then ``callback(result, exception)`` on ``loop``: no future at all,
+        for the tick, whose continuation is a plain function."""
+        reply = _LoopCallback(loop, callback)
+        if self._stopped.is_set():
+            reply.set_exception(RuntimeError("the bridge is shutting down"))
+        else:
+            self._queue.put((fn, args, reply))  # type: ignore[arg-type]
+
     def stop(self) -> None:
         self._stopped.set()
         self._queue.put(None)
@@ -83,7 +93,7 @@ class _LoopReply:
     """The :class:`~concurrent.futures.Future` methods :meth:`MainThreadExecutor.run` calls,
     delivering straight into an asyncio future of ``loop``."""
 
-    __slots__ = ("loop", "future")
+    __slots__ = ("future", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -101,6 +111,31 @@ class _LoopReply:
     def _deliver(self, value: Any, exc: BaseException | None) -> None:
         try:
             self.loop.call_soon_threadsafe(_settle, self.future, value, exc)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+
+class _LoopCallback:
+    """Like :class:`_LoopReply`, delivering ``callback(value, exc)`` on ``loop`` instead."""
+
+    __slots__ = ("callback", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[Any, BaseException | None], None]) -> None:
+        self.loop = loop
+        self.callback = callback
+
+    def set_running_or_notify_cancel(self) -> bool:
+        return True
+
+    def set_result(self, value: Any) -> None:
+        self._deliver(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._deliver(None, exc)
+
+    def _deliver(self, value: Any, exc: BaseException | None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.callback, value, exc)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 

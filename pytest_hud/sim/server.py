@@ -16,13 +16,11 @@ import json
 import os
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.server import ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
 
 from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
@@ -30,11 +28,11 @@ from .base import VectorSim
 from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
 from .failures import BadAction, BadClaim, NoFirstObservation, SimFailed, SlotError, SlotFailure, TaskError
 from .slots import Slot, SlotState
+from .wsserver import WsConnection, WsServer, serve_ws
 
-__all__ = ["Timeouts", "BridgeServer", "close_code"]
+__all__ = ["BridgeServer", "Timeouts", "close_code"]
 
 PROTOCOL = "pytest-hud/control/1"
-_LATE = object()  # what _next_frame returns once the engine has failed the one waiting for lateness
 
 
 def close_code(failure: SlotFailure) -> int:
@@ -57,9 +55,11 @@ class BridgeServer:
         wave_gather_s: float = 0.05,
         tick: str = "auto",
         tick_window: float = DEFAULT_TICK_WINDOW,
+        call: Callable[..., None] | None = None,
     ) -> None:
         self.sim = sim
         self._submit = submit
+        self._call_to = call  # ``MainThreadExecutor.call_to``: the tick's answer as a callback
         self.secret = secret
         self.host = host
         self.target = target
@@ -72,10 +72,13 @@ class BridgeServer:
                                    tasks=tuple(getattr(sim, "tasks", ()) or ()))
         self.started = time.monotonic()
         self._wave_gather_s = wave_gather_s
-        self._sim_lock = asyncio.Lock()
+        self._sim_gate = _SimGate()
         self._slot_changed = asyncio.Condition()
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
-        self._sockets: dict[int, ServerConnection] = {}
+        self._sockets: dict[int, WsConnection] = {}  # slot index -> its agent's socket
+        self._handshakes: dict[Handshake, WsConnection] = {}  # sockets that have not claimed yet
+        self._metadata = packb({"claim_required": True, "width": self.engine.width,
+                                "contract": self.contract_dict})
         self._tick_task: asyncio.Task | None = None
         self._ticking = False
         self._window: tuple[float, asyncio.TimerHandle] | None = None  # ready mode: (due, its timer)
@@ -94,20 +97,14 @@ class BridgeServer:
         )
         self.control_port = 0
         self.ws_port = 0
-        self._ws_server: Any = None
+        self._ws_server: WsServer | None = None
 
     # ------------------------------------------------------------- lifecycle
     async def start(self, control_port: int = 0, ws_port: int = 0) -> None:
         self.control_port = await self.rpc.start(self.host, control_port)
-        self._ws_server = await serve(
-            self._serve_ws,
-            self.host,
-            ws_port,
-            compression=None,
-            max_size=MAX_FRAME_BYTES,
-            ping_interval=None,  # ticks may legitimately pause for minutes (model warm-up)
-        )
-        self.ws_port = self._ws_server.sockets[0].getsockname()[1]
+        # no pings from this side: ticks may legitimately pause for minutes (model warm-up)
+        self._ws_server = await serve_ws(self, self.host, ws_port, MAX_FRAME_BYTES)
+        self.ws_port = self._ws_server.port
 
     async def close(self) -> None:
         await self.rpc.close()
@@ -175,7 +172,7 @@ class BridgeServer:
                     )
                 try:
                     await asyncio.wait_for(self._slot_changed.wait(), remaining)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
             slot = engine.claim(conn.id, task)
         if engine.wave:
@@ -192,7 +189,7 @@ class BridgeServer:
 
     async def _run_wave(self) -> None:
         await asyncio.sleep(self._wave_gather_s)
-        async with self._sim_lock:
+        async with self._sim_gate:
             plan = self.engine.plan_wave()
             if plan is None:
                 return
@@ -239,48 +236,61 @@ class BridgeServer:
         awaiting = slot.state is SlotState.LIVE and slot.pending_action is not None
         failure = self.engine.release(slot, why)
         if ws is not None:  # an agent waiting for an observation reads why, as a text frame
-            asyncio.ensure_future(_fail(ws, failure) if awaiting else ws.close(1000, _close_reason(why)))
+            if awaiting:
+                _fail(ws, failure)
+            else:
+                ws.close(1000, _close_reason(why))
         async with self._slot_changed:
             self._slot_changed.notify_all()
         self._maybe_tick()  # a released slot may have been the one the tick waited for
 
     # ------------------------------------------------------------- websocket
-    async def _serve_ws(self, ws: ServerConnection) -> None:
-        slot: Slot | None = None
-        handshake: Handshake | None = None
-        try:
-            await ws.send(packb({"claim_required": True, "width": self.engine.width,
-                                 "contract": self.contract_dict}))
-            handshake = self.engine.open(time.monotonic())
-            raw = await self._next_frame(ws, handshake)
-            if raw is _LATE:
-                await _fail(ws, handshake.failure)
-                return
-            slot = await self._bind(ws, handshake, raw)
-            if slot is not None:
-                await self._drive(ws, slot)
-        except ConnectionClosed:
-            pass
-        finally:
-            if handshake is not None:
-                self.engine.hang_up(handshake)
-            if slot is not None and self._sockets.get(slot.index) is ws:
-                self._sockets.pop(slot.index, None)
-                rcvd = ws.protocol.close_rcvd
-                self.engine.disconnect(slot, clean=rcvd is not None and rcvd.code in (1000, 1001))
-                self._maybe_tick()
+    # The slot sockets are callbacks from :mod:`.wsserver`: a message is handled in the loop
+    # iteration that read it, and the per-step path (an action in, the tick, the observations
+    # out) runs no task and awaits nothing but the sim call itself.
+    def ws_open(self, conn: WsConnection) -> None:
+        conn.send(self._metadata)
+        peer = _Peer(self.engine.open(time.monotonic()))
+        conn.data = peer
+        self._handshakes[peer.handshake] = conn
+        self._arm_deadline()  # its claim clock
 
-    async def _next_frame(self, ws: ServerConnection, waiting: Handshake) -> Any:
-        """The agent's claim frame, or ``_LATE`` once the engine has failed ``waiting`` for lateness."""
-        while waiting.deadline is not None:
-            try:
-                async with asyncio.timeout(waiting.deadline - time.monotonic()):
-                    return await ws.recv()
-            except TimeoutError:
-                self._expire()
-        return _LATE
+    def ws_message(self, conn: WsConnection, raw: bytes | str) -> None:
+        peer: _Peer = conn.data
+        if peer.done:
+            return
+        if peer.slot is None:
+            self._on_claim(conn, peer, raw)
+        elif peer.binding:
+            peer.early.append(raw)  # sent before its first observation: read once the slot starts
+        else:
+            self._on_action(conn, peer, raw)
 
-    async def _bind(self, ws: ServerConnection, handshake: Handshake, raw: Any) -> Slot | None:
+    def ws_closed(self, conn: WsConnection) -> None:
+        peer: _Peer | None = conn.data
+        if peer is None:
+            return
+        peer.closed = True
+        if self._handshakes.pop(peer.handshake, None) is not None:
+            self.engine.hang_up(peer.handshake)
+        if peer.binding:
+            return  # the slot's reset is running: _start_slot settles it
+        slot = peer.slot
+        if slot is not None and self._sockets.get(slot.index) is conn:
+            self._sockets.pop(slot.index, None)
+            self.engine.disconnect(slot, clean=conn.close_rcvd in (1000, 1001))
+            self._maybe_tick()
+
+    def _end_conn(self, conn: WsConnection, peer: _Peer, failure: SlotFailure | None = None) -> None:
+        """This connection's part is over: a readable error first if there is one, then close."""
+        peer.done = True
+        if failure is not None:
+            _fail(conn, failure)
+        else:
+            conn.close(1000)
+
+    def _on_claim(self, conn: WsConnection, peer: _Peer, raw: bytes | str) -> None:
+        self._handshakes.pop(peer.handshake, None)
         try:
             if isinstance(raw, str):
                 raise BadClaim("the claim frame must be binary msgpack {'claim': TOKEN}")
@@ -288,61 +298,88 @@ class BridgeServer:
                 claim = unpackb(raw)
             except WireError as exc:
                 raise BadClaim(str(exc)) from None
-            slot = self.engine.bind(handshake, claim)
+            slot = self.engine.bind(peer.handshake, claim)
         except SlotFailure as failure:
-            await _fail(ws, failure)
-            return None
-        self._sockets[slot.index] = ws
+            self._end_conn(conn, peer, failure)
+            return
+        peer.slot, peer.token = slot, slot.token
+        self._sockets[slot.index] = conn
+        if self.engine.wave:
+            self._start_slot(conn, peer)
+        else:  # per-slot reset, with the claim's seed, now that its agent is here
+            peer.binding = True
+            asyncio.ensure_future(self._reset_then_start(conn, peer))
+
+    async def _reset_then_start(self, conn: WsConnection, peer: _Peer) -> None:
         try:
-            if not self.engine.wave:  # per-slot reset, with the claim's seed, now that its agent is here
-                async with self._sim_lock:
-                    await self._reset(self.engine.plan_reset([slot]))
+            async with self._sim_gate:
+                await self._reset(self.engine.plan_reset([peer.slot]))  # type: ignore[list-item]
+        except SimFailed as failure:
+            peer.binding = False
+            self._end_conn(conn, peer, failure)
+            if peer.closed:
+                self.ws_closed(conn)
+            return
+        peer.binding = False
+        self._start_slot(conn, peer)
+
+    def _start_slot(self, conn: WsConnection, peer: _Peer) -> None:
+        slot = peer.slot
+        assert slot is not None
+        if slot.token != peer.token:
+            self._end_conn(conn, peer)  # released while it reset: _free has told the agent
+            return
+        try:
             frame = self.engine.start(slot, time.monotonic())
-        except (SimFailed, NoFirstObservation) as failure:
-            await _fail(ws, failure)
-            return None
+        except NoFirstObservation as failure:
+            self._end_conn(conn, peer, failure)
+            return
+        if peer.closed:  # the agent hung up during its reset
+            self.ws_closed(conn)
+            return
         self._arm_deadline()  # its first-action clock
-        await ws.send(packb(frame))
-        return slot
+        conn.send(packb(frame))
+        early, peer.early = peer.early, []
+        for raw in early:
+            self.ws_message(conn, raw)
 
-    async def _drive(self, ws: ServerConnection, slot: Slot) -> None:
-        """Read this slot's actions until its episode ends; the tick sends its observations.
-
-        Nothing waits here for an observation: the tick writes every acting slot's frame itself
-        (one wake-up per tick, not one per slot), and the bridge's deadline timer fails a late
-        slot (see :meth:`_arm_deadline`).
-        """
-        token = slot.token
+    def _on_action(self, conn: WsConnection, peer: _Peer, raw: bytes | str) -> None:
+        """One action frame, on the per-step path: queue it, and run the tick if it was the last."""
+        slot = peer.slot
         engine = self.engine
-        while True:
-            raw = await ws.recv()
-            if slot.token != token:
-                return  # released: _free closes the socket
-            if slot.state is not SlotState.LIVE:
-                if slot.failure is None:  # the episode is over: stay connected until the agent hangs up
-                    await _fail(ws, engine.late_frame(slot))
-                return  # a failed slot is told by whoever failed it (the tick, the deadline timer)
-            try:
-                if isinstance(raw, str):
-                    raise WireError("action frames must be binary msgpack, not text")
-                if slot.pending_action is not None:
-                    raise WireError("an action arrived before the observation of the previous one; "
-                                    "send one action per observation")
-                engine.submit_action(slot, unpackb(raw), time.monotonic())
-            except (WireError, BadAction) as exc:
-                failure = exc if isinstance(exc, BadAction) else engine.refuse_action(slot, str(exc))
-                self._maybe_tick()
-                await _fail(ws, failure)
-                return
-            if not self._ticking and engine.ready_to_step(time.monotonic()):
-                await self._tick()  # the last slot to act runs the tick itself: no extra task
-            elif not self._ticking:
+        if slot.token != peer.token:  # type: ignore[union-attr]
+            self._end_conn(conn, peer)  # released: _free has closed the socket
+            return
+        if slot.state is not SlotState.LIVE:  # type: ignore[union-attr]
+            # the episode is over: tell a late frame why; a failed slot is told by whoever failed it
+            self._end_conn(conn, peer, engine.late_frame(slot) if slot.failure is None else None)  # type: ignore
+            return
+        now = time.monotonic()
+        try:
+            if isinstance(raw, str):
+                raise WireError("action frames must be binary msgpack, not text")
+            if slot.pending_action is not None:  # type: ignore[union-attr]
+                raise WireError("an action arrived before the observation of the previous one; "
+                                "send one action per observation")
+            engine.submit_action(slot, unpackb(raw), now)  # type: ignore[arg-type]
+        except (WireError, BadAction) as exc:
+            failure = exc if isinstance(exc, BadAction) else engine.refuse_action(slot, str(exc))  # type: ignore
+            self._maybe_tick()
+            self._end_conn(conn, peer, failure)
+            return
+        if not self._ticking:
+            if engine.ready_to_step(now):
+                self._tick_start()  # the last slot to act starts the tick itself
+            else:
                 self._arm_window()
 
     # -------------------------------------------------------------- deadlines
     def _arm_deadline(self) -> None:
-        """Keep one timer at the earliest deadline of any LIVE slot (not one timer per receive)."""
+        """Keep one timer at the earliest deadline of any LIVE slot or unclaimed socket."""
         due = min((s.deadline for s in self.engine.slots if s.deadline is not None), default=None)
+        for hs in self._handshakes:
+            if hs.deadline is not None and (due is None or hs.deadline < due):
+                due = hs.deadline
         if due is None or (self._deadline is not None and self._deadline[0] <= due):
             return
         if self._deadline is not None:
@@ -358,9 +395,14 @@ class BridgeServer:
     def _expire(self) -> None:
         """Fail every slot and handshake past its deadline; a failed slot no longer holds its peers."""
         for late, failure in self.engine.expire(time.monotonic()):
-            ws = self._sockets.get(late.index) if isinstance(late, Slot) else None
-            if ws is not None:
-                asyncio.ensure_future(_fail(ws, failure))
+            if isinstance(late, Slot):
+                conn = self._sockets.get(late.index)
+                if conn is not None:
+                    _fail(conn, failure)
+            else:
+                conn = self._handshakes.pop(late, None)
+                if conn is not None:
+                    self._end_conn(conn, conn.data, failure)
         self._maybe_tick()
 
     # ------------------------------------------------------------------ tick
@@ -368,7 +410,7 @@ class BridgeServer:
         if self._ticking:
             return
         if self.engine.ready_to_step(time.monotonic()):
-            self._tick_task = asyncio.ensure_future(self._tick())
+            self._tick_start()
         else:
             self._arm_window()
 
@@ -386,32 +428,125 @@ class BridgeServer:
         self._window = None
         self._maybe_tick()
 
-    async def _tick(self) -> None:
+    def _tick_start(self) -> None:
+        """Plan a step and hand it to the sim's thread; :meth:`_tick_done` continues on its answer.
+
+        The sim gate is taken synchronously when free (the common case); a reset holding it makes
+        the tick wait in a task, in turn.
+        """
         self._ticking = True
+        if self._sim_gate.try_take():
+            self._tick_planned()
+        else:
+            self._tick_task = asyncio.ensure_future(self._tick_when_free())
+
+    async def _tick_when_free(self) -> None:
         try:
-            async with self._sim_lock:
-                plan = self.engine.plan_tick(time.monotonic())
-                if plan is None:
-                    return
-                try:
-                    batch, obs = await self._sim_call(_park_step_observe, self.sim, plan.park, plan.actions,
-                                                      plan.mask)
-                except Exception:
-                    for i, failure in self.engine.step_failed(plan, traceback.format_exc()):
-                        ws = self._sockets.get(i)
-                        if ws is not None:
-                            asyncio.ensure_future(_fail(ws, failure))
-                    return
-                # packed under the lock: ``obs`` may be the sim's own buffers, which its next call reuses
-                sockets = self._sockets
-                for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic()):
-                    ws = sockets.get(i)
-                    if ws is not None:
-                        _send_now(ws, packb(frame))
+            await self._sim_gate.acquire()
+        except BaseException:
+            self._ticking = False
+            raise
+        self._tick_planned()
+
+    def _tick_planned(self) -> None:
+        plan = self.engine.plan_tick(time.monotonic())
+        if plan is None:
+            self._sim_gate.release()
+            self._ticking = False
+            return
+        self._call(self._tick_done, plan, _park_step_observe, self.sim, plan.park, plan.actions, plan.mask)
+
+    def _tick_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
+        try:
+            if error is not None:
+                why = "".join(traceback.format_exception(error))
+                for i, failure in self.engine.step_failed(plan, why):
+                    conn = self._sockets.get(i)
+                    if conn is not None:
+                        _fail(conn, failure)
+                return
+            batch, obs = result
+            # packed before the gate opens: ``obs`` may be the sim's own buffers, which its next call reuses
+            sockets = self._sockets
+            for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic()):
+                conn = sockets.get(i)
+                if conn is not None:
+                    conn.send(packb(frame))
         finally:
+            self._sim_gate.release()
             self._ticking = False
         self._arm_deadline()
         self._maybe_tick()
+
+    def _call(self, callback: Callable[..., None], plan: Any, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the sim's thread, then ``callback(plan, result, error)`` on the loop."""
+        loop = asyncio.get_running_loop()
+        if self._call_to is not None:
+            self._call_to(loop, lambda result, error: callback(plan, result, error), fn, *args)
+            return
+        future = asyncio.ensure_future(self._submit(loop, fn, *args))
+
+        def done(f: asyncio.Future) -> None:
+            error = f.exception() if not f.cancelled() else asyncio.CancelledError()
+            callback(plan, None if error else f.result(), error)
+
+        future.add_done_callback(done)
+
+
+class _Peer:
+    """What the bridge knows of one slot WebSocket."""
+
+    __slots__ = ("binding", "closed", "done", "early", "handshake", "slot", "token")
+
+    def __init__(self, handshake: Handshake) -> None:
+        self.handshake = handshake
+        self.slot: Slot | None = None
+        self.token: str | None = None
+        self.binding = False  # its slot's reset runs; frames that arrive meanwhile wait in ``early``
+        self.early: list[bytes | str] = []
+        self.done = False  # this connection's part is over (an error sent, or the episode ended)
+        self.closed = False
+
+
+class _SimGate:
+    """One sim call sequence at a time, in arrival order (what ``asyncio.Lock`` does), plus
+    :meth:`try_take` for the tick's synchronous path."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiters: deque[asyncio.Future] = deque()
+
+    def try_take(self) -> bool:
+        if self._busy:
+            return False
+        self._busy = True
+        return True
+
+    async def acquire(self) -> None:
+        if self.try_take():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # it was handed over just as this caller gave up: pass it on
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # still busy: handed to that waiter
+                return
+        self._busy = False
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
 
 
 # ----------------------------------------------------------- main-thread work
@@ -436,23 +571,6 @@ def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mas
     return batch, sim.observe()
 
 
-def _send_now(ws: ServerConnection, data: bytes) -> None:
-    """Write one binary message to ``ws`` now, from the tick, without a task or an await.
-
-    websockets' sans-I/O ``protocol`` frames it and ``send_data`` hands it to the transport: what
-    ``ws.send`` does, minus its async context and its wait for the write buffer to drain. Lockstep
-    bounds that buffer (an agent gets one observation per action), and a slow reader must not
-    hold the tick of its peers. A closing connection is skipped: its reader learns why elsewhere.
-    """
-    if ws.protocol.state is not State.OPEN:
-        return
-    try:
-        ws.protocol.send_binary(data)
-        ws.send_data()
-    except Exception:  # noqa: BLE001 - the transport broke: its reader sees the connection close
-        ws.transport.abort()
-
-
 def _sim_stats(sim: VectorSim) -> Any:
     """The sim's own counters when it keeps any (``stats()``, e.g. a multi-task sim's env builds)."""
     stats = getattr(sim, "stats", None)
@@ -462,14 +580,11 @@ def _sim_stats(sim: VectorSim) -> Any:
         return None
 
 
-async def _fail(ws: ServerConnection, failure: SlotFailure) -> None:
+def _fail(conn: WsConnection, failure: SlotFailure) -> None:
     """Send a readable error as a text frame, then close (DESIGN §4)."""
     message = str(failure)
-    try:
-        await ws.send(message)
-        await ws.close(close_code(failure), _close_reason(message))
-    except ConnectionClosed:
-        pass
+    conn.send(message)
+    conn.close(close_code(failure), _close_reason(message))
 
 
 def _close_reason(message: str) -> str:

@@ -1,0 +1,291 @@
+"""The lean WebSocket layer (pytest_hud.wsproto, .sim.wsserver, .wsconn) against RFC 6455 and websockets.
+
+websockets is the reference peer: its client talks to our server and its server to our client,
+including what the per-step path never does itself (fragments, pings, close codes, refusals).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from websockets.asyncio.server import serve
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.frames import Close, Frame, Opcode
+from websockets.sync.client import connect
+
+from pytest_hud.sim.wsserver import serve_ws
+from pytest_hud.wsconn import BlockingWebSocket
+from pytest_hud.wsproto import (
+    OP_BINARY,
+    OP_CLOSE,
+    OP_CONT,
+    OP_PING,
+    OP_TEXT,
+    FrameReader,
+    HandshakeError,
+    ProtocolError,
+    accept_key,
+    encode_frame,
+    parse_request,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# ------------------------------------------------------------------ frames
+def test_accept_key_is_rfc_6455s_example():
+    assert accept_key("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+
+
+@settings(max_examples=200, deadline=None)
+@given(payload=st.binary(max_size=70000), mask=st.booleans(), cuts=st.lists(st.integers(1, 5000), max_size=6))
+def test_frames_round_trip_however_the_bytes_are_split(payload, mask, cuts):
+    data = encode_frame(OP_BINARY, payload, mask=mask) + encode_frame(OP_PING, b"p", mask=mask)
+    reader = FrameReader(1 << 20, masked=mask)
+    got, at = [], 0
+    for cut in cuts + [len(data)]:
+        reader.feed(data[at:at + cut])
+        at += cut
+        while (message := reader.next()) is not None:
+            got.append(message)
+    assert got == [(OP_BINARY, payload), (OP_PING, b"p")]
+
+
+def test_our_frames_are_the_bytes_websockets_writes():
+    for n in (0, 125, 126, 65535, 65536):
+        payload = bytes(range(256)) * (n // 256) + bytes(n % 256)
+        theirs = Frame(Opcode.BINARY, payload).serialize(mask=False, extensions=[])
+        assert encode_frame(OP_BINARY, payload) == theirs
+
+
+def test_fragments_join_into_one_message_and_controls_pass_between():
+    reader = FrameReader(1 << 20, masked=True)
+    parts = [(0x00 | OP_TEXT, "héllo ".encode()), (OP_CONT, b"wor"), (0x80 | OP_CONT, b"ld")]
+    data = b""
+    for first, payload in parts:
+        frame = encode_frame(first & 0x0F, payload, mask=True)
+        data += bytes((frame[0] & 0x7F | (first & 0x80),)) + frame[1:]
+        if payload == b"wor":
+            data += encode_frame(OP_PING, b"!", mask=True)
+    reader.feed(data)
+    assert reader.next() == (OP_PING, b"!")
+    assert reader.next() == (OP_TEXT, "héllo world")
+    assert reader.next() is None
+
+
+@pytest.mark.parametrize("data, code", [
+    (encode_frame(OP_BINARY, b"x", mask=False), 1002),  # a client frame without a mask
+    (bytes((0x80 | 0x40 | OP_BINARY, 0x80)) + b"\0\0\0\0", 1002),  # a reserved bit
+    (bytes((0x80 | 0x3, 0x80)) + b"\0\0\0\0", 1002),  # an unknown opcode
+    (encode_frame(OP_CONT, b"x", mask=True), 1002),  # a continuation of nothing
+    (bytes((OP_PING, 0x80)) + b"\0\0\0\0", 1002),  # a fragmented control frame
+    (encode_frame(OP_TEXT, b"\xff\xfe", mask=True), 1007),  # text that is not UTF-8
+    (encode_frame(OP_CLOSE, b"\x03\xed", mask=True), 1002),  # close code 1005 on the wire
+    (bytes((0x82, 0xFF)) + (1 << 40).to_bytes(8, "big"), 1009),  # over the limit, from its header
+], ids=["unmasked", "reserved-bit", "opcode", "lone-continuation", "fragmented-ping", "bad-utf8",
+        "close-1005", "oversize"])
+def test_protocol_violations_name_their_close_code(data, code):
+    reader = FrameReader(1 << 20, masked=True)
+    reader.feed(data)
+    with pytest.raises(ProtocolError) as error:
+        reader.next()
+    assert error.value.code == code
+
+
+def test_a_fragmented_message_over_the_limit_is_refused():
+    reader = FrameReader(10, masked=True)
+    first = encode_frame(OP_BINARY, b"123456", mask=True)
+    reader.feed(bytes((first[0] & 0x7F,)) + first[1:] + encode_frame(OP_CONT, b"123456", mask=True))
+    with pytest.raises(ProtocolError) as error:
+        reader.next()
+    assert error.value.code == 1009
+
+
+@pytest.mark.parametrize("request_head, status", [
+    (b"POST / HTTP/1.1\r\nHost: x", 405),
+    (b"GET / HTTP/1.1\r\nHost: x", 426),  # a plain HTTP request
+    ((b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 8\r\n"
+     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="), 426),
+    ((b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n"
+     b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: short"), 400),
+    (b"GET / HTTP/1.0\r\nUpgrade: websocket", 400),
+])
+def test_bad_upgrade_requests_get_an_http_status(request_head, status):
+    with pytest.raises(HandshakeError) as error:
+        parse_request(request_head)
+    assert error.value.status == status
+
+
+# ------------------------------------------------------------ our server
+class Echo:
+    """Echoes binary messages; answers text with a text error frame and a 1008 close."""
+
+    def __init__(self) -> None:
+        self.closed: list[int | None] = []
+
+    def ws_open(self, conn):
+        conn.send(b"hello")
+
+    def ws_message(self, conn, data):
+        if isinstance(data, str):
+            conn.send(f"no text please: {data}")
+            conn.close(1008, "text refused")
+        else:
+            conn.send(data)
+
+    def ws_closed(self, conn):
+        self.closed.append(conn.close_rcvd)
+
+
+@pytest.fixture
+def echo_server():
+    loop = asyncio.new_event_loop()
+    handler = Echo()
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run():
+        asyncio.set_event_loop(loop)
+        box["server"] = loop.run_until_complete(serve_ws(handler, "127.0.0.1", 0, 1 << 20))
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait(10)
+    yield f"ws://127.0.0.1:{box['server'].port}", handler
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def test_websockets_client_talks_to_our_server_fragments_pings_and_close(echo_server):
+    url, handler = echo_server
+    with connect(url, compression=None, ping_interval=None) as ws:
+        assert ws.recv(5) == b"hello"
+        ws.send([b"frag", b"mented"])  # an iterable: websockets sends it as fragments
+        assert ws.recv(5) == b"fragmented"
+        ws.ping(b"hi").wait(5)  # answered with a pong
+        big = bytes(200_000)
+        ws.send(big)
+        assert ws.recv(5) == big
+    assert handler.closed == [1000] or handler.closed == []  # the close handshake completed
+    with connect(url, compression=None) as ws:  # a client offering permessage-deflate: declined
+        ws.recv(5)
+        ws.send(b"x" * 1000)
+        assert ws.recv(5) == b"x" * 1000
+
+
+def test_our_server_refuses_text_readably_and_oversize_with_1009(echo_server):
+    url, _ = echo_server
+    with connect(url, compression=None, ping_interval=None, max_size=None) as ws:
+        ws.recv(5)
+        ws.send("oops")
+        assert ws.recv(5) == "no text please: oops"
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(5)
+        assert closed.value.rcvd.code == 1008 and closed.value.rcvd.reason == "text refused"
+    with connect(url, compression=None, ping_interval=None, max_size=None) as ws:
+        ws.recv(5)
+        try:
+            ws.send(bytes((1 << 20) + 1))
+        except ConnectionClosed:
+            pass
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(5)
+        assert closed.value.rcvd.code == 1009
+
+
+def test_our_server_answers_plain_http_with_426(echo_server):
+    url, _ = echo_server
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 426 ") and b"WebSocket" in answer
+
+
+def test_our_client_talks_to_our_server(echo_server):
+    url, handler = echo_server
+    ws = BlockingWebSocket(url, 1 << 20)
+    assert ws.recv(5) == b"hello"
+    for n in (0, 1, 125, 126, 65536, 300_000):
+        ws.send(bytes(n))
+        assert ws.recv(5) == bytes(n)
+    ws.close()
+    assert handler.closed == [1000]
+
+
+# ------------------------------------------------------------- our client
+@pytest.fixture
+def websockets_server():
+    """websockets' server: pings first, sends fragments, then closes with 4000; refuses /secret."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def handler(ws):
+        await ws.ping(b"are you there")
+        await ws.send([b"a", b"b", b"c"])  # fragments
+        await ws.send("text")
+        msg = await ws.recv()
+        await ws.send(msg)
+        await ws.close(4000, "done here")
+
+    async def refuse(connection, request):
+        if request.path == "/secret" and request.headers.get("Authorization") != "Api-Key k":
+            return connection.respond(401, "key please\n")
+        return None
+
+    def run():
+        asyncio.set_event_loop(loop)
+
+        async def main():
+            box["stop"] = asyncio.get_running_loop().create_future()
+            async with serve(handler, "127.0.0.1", 0, process_request=refuse, compression=None) as server:
+                box["server"] = server
+                started.set()
+                await box["stop"]
+
+        loop.run_until_complete(main())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait(10)
+    yield f"ws://127.0.0.1:{box['server'].sockets[0].getsockname()[1]}"
+    loop.call_soon_threadsafe(box["stop"].set_result, None)
+    thread.join(10)
+
+
+def test_our_client_answers_pings_joins_fragments_and_reads_the_close_code(websockets_server):
+    ws = BlockingWebSocket(websockets_server, 1 << 20)
+    assert ws.recv(5) == b"abc"
+    assert ws.recv(5) == "text"
+    ws.send(b"back")
+    assert ws.recv(5) == b"back"
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(5)
+    assert closed.value.rcvd == Close(4000, "done here")
+    with pytest.raises(ConnectionClosed):
+        ws.send(b"late")
+    ws.close()
+
+
+def test_our_client_raises_invalid_status_with_the_http_status(websockets_server):
+    with pytest.raises(InvalidStatus) as refused:
+        BlockingWebSocket(websockets_server + "/secret", 1 << 20)
+    assert refused.value.response.status_code == 401
+    ws = BlockingWebSocket(websockets_server + "/secret", 1 << 20, headers={"Authorization": "Api-Key k"})
+    assert ws.recv(5) == b"abc"
+    ws.close()
+
+
+@pytest.mark.parametrize("url", ["wss://127.0.0.1:1", "http://127.0.0.1:1", "ws://"])
+def test_our_client_refuses_urls_it_cannot_dial(url):
+    with pytest.raises(InvalidURI):
+        BlockingWebSocket(url, 1 << 20)
