@@ -363,6 +363,10 @@ class BridgeEngine:
 
     def start(self, slot: Slot, now: float) -> dict[str, Any]:
         """The bound slot goes LIVE; returns its first observation frame and starts its first-action clock."""
+        if self.broken:  # its reset ran after another call broke the bridge: it could never step
+            failure = BridgeBroken(f"bridge is broken: {self.broken_reason}")
+            self._end(slot, str(failure), failure)
+            raise failure
         obs = slot.first_obs
         if obs is None:
             raise NoFirstObservation(f"slot {slot.index} has no first observation (its reset failed)")
@@ -532,6 +536,11 @@ class BridgeEngine:
             if s.token == token:
                 failure = SimFailed(f"slot {s.index}: {why}")
                 self._end(s, why, failure)
+                failed.append((s.index, failure))
+        for s in self.slots:  # live slots that did not act (ready mode) can never be stepped again
+            if s.state is SlotState.LIVE:
+                failure = BridgeBroken(f"slot {s.index}: bridge is broken: {self.broken_reason}")
+                self._end(s, str(failure), failure)
                 failed.append((s.index, failure))
         return failed
 

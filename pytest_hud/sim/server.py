@@ -331,7 +331,7 @@ class BridgeServer:
             return
         try:
             frame = self.engine.start(slot, time.monotonic())
-        except NoFirstObservation as failure:
+        except SlotFailure as failure:  # no first observation, or the bridge broke during its reset
             self._end_conn(conn, peer, failure)
             return
         if peer.closed:  # the agent hung up during its reset

@@ -286,6 +286,31 @@ def test_a_sim_exception_fails_every_live_slot_and_breaks_the_bridge():
     assert engine.plan_tick() is None
 
 
+def test_a_slot_whose_reset_ran_after_the_bridge_broke_fails_instead_of_waiting_forever():
+    engine, sim = make(2)
+    a = live_slot(engine, sim, 1)
+    b = engine.claim(2, {"seed": 2})
+    assert engine.bind(engine.open(0.0), {"claim": b.token}) is b  # bound: its reset waits for the sim
+    act(engine, a)
+    engine.step_failed(engine.plan_tick(), "Traceback ...\nRuntimeError: it exploded")
+    plan = engine.plan_reset([b])
+    engine.apply_reset(plan, *sim.reset(plan))  # the sim may well reset after a step raised
+    with pytest.raises(BridgeBroken, match="bridge is broken: RuntimeError: it exploded"):
+        engine.start(b, 0.0)
+    assert b.state is SlotState.DONE and "it exploded" in b.error
+
+
+def test_in_ready_mode_a_sim_exception_also_fails_the_live_slots_that_did_not_act():
+    engine, sim = make(2, tick="ready", tick_window=0.002)
+    a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
+    act(engine, a, now=1.0)
+    plan = engine.plan_tick(now=2.0)  # only a's action is in
+    assert [s for s, _, _ in plan.acting] == [a]
+    failed = dict(engine.step_failed(plan, "Traceback ...\nRuntimeError: it exploded"))
+    assert isinstance(failed[a.index], SimFailed) and isinstance(failed[b.index], BridgeBroken)
+    assert "it exploded" in str(failed[b.index]) and b.state is SlotState.DONE
+
+
 def test_a_sim_exception_at_reset_fails_the_slot_being_bound():
     engine, _ = make(1)
     slot = engine.claim(1, {"seed": 1})
