@@ -68,6 +68,7 @@ class HudController:
             width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
             first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
             vectorization=settings.vectorization, tick=settings.tick, tick_window=settings.tick_window,
+            io_thread=settings.io_thread,
             cwd=invocation,
             python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
         )

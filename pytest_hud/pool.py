@@ -51,6 +51,7 @@ class BridgeSpec:
     vectorization: str = "sync"
     tick: str = "auto"
     tick_window: float = 0.001  # settings.OPTIONS["tick_window"]
+    io_thread: bool = False  # settings.OPTIONS["io_thread"]
     host: str = "127.0.0.1"
     cwd: str | None = None
     python_path: list[str] = field(default_factory=list)
@@ -173,6 +174,7 @@ class SimPool:
             "--vectorization", spec.vectorization,
             "--tick", spec.tick,
             "--tick-window", repr(spec.tick_window),
+            *(["--io-thread"] if spec.io_thread else []),
             "--build-args", json.dumps(build),
             "--claim-timeout", str(spec.claim_timeout),
             "--first-action-timeout", str(spec.first_action_timeout),

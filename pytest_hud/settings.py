@@ -54,6 +54,8 @@ OPTIONS: dict[str, Option] = {
                    "(the slots whose actions are in; independent envs only) or auto (ready where the sim "
                    "supports it)", ("auto", "lockstep", "ready")),
     "tick_window": Option(float, 0.001, "Ready mode: seconds a tick waits for more actions after the first one arrives"),
+    "io_thread": Option(bool, False, "Bridges serve their sockets on a thread apart from the sim's: they keep "
+                        "answering while one sim call runs for many seconds, at more CPU per step"),
     "baseline": Option(str, None, "Gate against this results file from an earlier run (the last good checkpoint)"),
     "gate": Option(str, None, "YAML gate file: alpha, max_drop, min_coverage, per-task min_success floors"),
     "alpha": Option(float, None, "Family-wise false-alarm rate of the gate across tasks (default 0.05)"),
@@ -167,6 +169,7 @@ class HudSettings:
     vectorization: str = "sync"
     tick: str = "auto"
     tick_window: float = 0.001
+    io_thread: bool = False
     baseline: str | None = None
     gate: str | None = None
     alpha: float | None = None

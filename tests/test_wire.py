@@ -123,3 +123,40 @@ def test_large_frames_use_the_long_headers_exactly_as_msgpack_does():
     frame["image"] = np.zeros((224, 224, 3), np.uint8)
     assert packb(frame) == msgpack.packb(frame, default=_encode)
     assert np.array_equal(unpackb(packb(frame))["k17"], frame["k17"])
+
+
+# ------------------------------------- observation frames and action frames on the per-step path
+from pytest_hud.wire import pack_frame, unpack_action  # noqa: E402
+
+
+@settings(max_examples=400, deadline=None)
+@given(features=st.dictionaries(st.text(max_size=20), _VALUES, max_size=6),
+       reward=st.floats() | st.sampled_from([1e39, -1e39, 3.4028235e38, 1e-46]),
+       flags=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+def test_observation_frames_are_the_bytes_of_the_general_path(features, reward, flags):
+    frame = dict(features)
+    with np.errstate(over="ignore"):
+        frame["reward"] = np.float32(reward)
+        frame["terminated"], frame["truncated"], frame["success"] = flags
+        assert pack_frame(features, reward, *flags) == msgpack.packb(frame, default=_encode)
+
+
+@settings(max_examples=300, deadline=None)
+@given(action=_VALUES, trailer=st.binary(max_size=3), cut=st.integers(0, 40))
+def test_action_frames_decode_exactly_as_the_general_path(action, trailer, cut):
+    """The cached fast path gives what unpackb gives, for the frame seen before and for its variants
+    (truncated, with trailing bytes, with another shape): a value or the same WireError."""
+    good = packb({"actions": action})
+    for data in (good, good, good + trailer, good[: max(0, len(good) - cut)]):
+        try:
+            want = unpackb(data)
+        except WireError as exc:
+            with pytest.raises(WireError, match=str(exc)[:20].replace("(", r"\(").replace("[", r"\[")):
+                unpack_action(data)
+            continue
+        got = unpack_action(data)
+        assert type(got) is type(want)
+        if isinstance(want, dict):
+            assert got.keys() == want.keys() and all(type(got[k]) is type(want[k]) for k in want)
+        # the same value, NaN and NaT included: the same bytes when encoded again
+        assert msgpack.packb(got, default=_encode) == msgpack.packb(want, default=_encode)

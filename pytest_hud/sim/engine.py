@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -483,10 +484,11 @@ class BridgeEngine:
         return TickPlan(actions, park, acting)
 
     def apply_batch(self, plan: TickPlan, batch: Any, obs: dict[str, np.ndarray],
-                    now: float) -> list[tuple[int, dict[str, Any]]]:
+                    now: float, pack: Callable[..., Any] | None = None) -> list[tuple[int, Any]]:
         """Tally a step's ``batch`` (a :class:`StepBatch`) and ``obs`` (``{feature: [N, ...]}``).
 
-        Returns ``(slot index, observation frame)`` for every slot that acted. A slot released while
+        Returns ``(slot index, observation frame)`` for every slot that acted; ``pack`` (e.g.
+        :func:`pytest_hud.wire.pack_frame`) turns each frame's parts into what is returned instead. A slot released while
         the step ran (its token changed) is left alone: its next episode must not inherit the step.
         """
         slots = self.slots
@@ -502,28 +504,33 @@ class BridgeEngine:
             ended &= plan.mask  # a slot that was not stepped cannot have ended
         for i in np.flatnonzero(ended):
             slots[i].needs_park_reset = True
-        rewards, success, score = batch.rewards, batch.success, batch.score
+        # Python lists: one conversion per tick instead of a numpy scalar per slot and field
+        rewards, success = np.asarray(batch.rewards, np.float64).tolist(), np.asarray(batch.success).tolist()
+        score = None if batch.score is None else np.asarray(batch.score, np.float64).tolist()
+        ended_l, terminated, truncated_l = ended.tolist(), np.asarray(batch.terminated).tolist(), \
+            np.asarray(batch.truncated).tolist()
         deadline = now + self.timeouts.step
         frames = []
         for s, token, action in plan.acting:
             if s.token != token:
                 continue
             i = s.index
-            reward = float(rewards[i])
+            reward = rewards[i]
             s.steps += 1
             s.total_reward += reward
             if success[i]:
                 s.success = True  # latched: a later step cannot take it back
-            if score is not None and not np.isnan(score[i]):
-                s.score = float(score[i])
+            if score is not None and not math.isnan(score[i]):
+                s.score = score[i]
             s.last_action, s.pending_action = action, None
-            done, truncated = bool(ended[i]), bool(batch.truncated[i])
+            done, truncated = bool(ended_l[i]), bool(truncated_l[i])
             if done:
-                s.terminated, s.truncated = bool(batch.terminated[i]), truncated
+                s.terminated, s.truncated = bool(terminated[i]), truncated
                 s.state, s.deadline = SlotState.DONE, None
             elif s.state is SlotState.LIVE:
                 s.deadline, s.awaiting = deadline, "action"
-            frames.append((i, _frame({k: v[i] for k, v in obs.items()}, reward, done, truncated, s.success)))
+            frames.append((i, (pack or _frame)({k: v[i] for k, v in obs.items()}, reward, done, truncated,
+                                                s.success)))
         return frames
 
     def step_failed(self, plan: TickPlan, traceback: str) -> list[tuple[int, SimFailed]]:

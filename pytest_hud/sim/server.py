@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..rpc import RpcError, RpcServer
-from ..wire import MAX_FRAME_BYTES, WireError, packb, unpackb
+from ..wire import MAX_FRAME_BYTES, WireError, pack_frame, packb, unpack_action, unpackb
 from .base import VectorSim
 from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
 from .failures import BadAction, BadClaim, NoFirstObservation, SimFailed, SlotError, SlotFailure, TaskError
@@ -33,6 +33,7 @@ from .wsserver import WsConnection, WsServer, serve_ws
 __all__ = ["BridgeServer", "Timeouts", "close_code"]
 
 PROTOCOL = "pytest-hud/control/1"
+_LATE_TIMER_S = 0.25  # a deadline timer this late means the loop was blocked, not that the agent was
 
 
 def close_code(failure: SlotFailure) -> int:
@@ -75,6 +76,7 @@ class BridgeServer:
         self._sim_gate = _SimGate()
         self._slot_changed = asyncio.Condition()
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
+        self._rechecking = False  # the deadline timer fired late and looks again shortly
         self._sockets: dict[int, WsConnection] = {}  # slot index -> its agent's socket
         self._handshakes: dict[Handshake, WsConnection] = {}  # sockets that have not claimed yet
         self._metadata = packb({"claim_required": True, "width": self.engine.width,
@@ -361,7 +363,7 @@ class BridgeServer:
             if slot.pending_action is not None:  # type: ignore[union-attr]
                 raise WireError("an action arrived before the observation of the previous one; "
                                 "send one action per observation")
-            engine.submit_action(slot, unpackb(raw), now)  # type: ignore[arg-type]
+            engine.submit_action(slot, unpack_action(raw), now)  # type: ignore[arg-type]
         except (WireError, BadAction) as exc:
             failure = exc if isinstance(exc, BadAction) else engine.refuse_action(slot, str(exc))  # type: ignore
             self._maybe_tick()
@@ -388,7 +390,15 @@ class BridgeServer:
         self._deadline = (due, asyncio.get_running_loop().call_later(delay, self._deadline_passed))
 
     def _deadline_passed(self) -> None:
+        due = self._deadline[0] if self._deadline is not None else None
         self._deadline = None
+        if due is not None and time.monotonic() - due > _LATE_TIMER_S and not self._rechecking:
+            # The timer fired late: the loop was blocked (a long sim call on its thread). Read what
+            # the sockets hold first, so an action that came in meanwhile is not taken for a timeout.
+            self._rechecking = True
+            self._deadline = (due, asyncio.get_running_loop().call_later(0.05, self._deadline_passed))
+            return
+        self._rechecking = False
         self._expire()
         self._arm_deadline()
 
@@ -468,10 +478,10 @@ class BridgeServer:
             batch, obs = result
             # packed before the gate opens: ``obs`` may be the sim's own buffers, which its next call reuses
             sockets = self._sockets
-            for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic()):
+            for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic(), pack_frame):
                 conn = sockets.get(i)
                 if conn is not None:
-                    conn.send(packb(frame))
+                    conn.send(frame)
         finally:
             self._sim_gate.release()
             self._ticking = False
