@@ -21,8 +21,9 @@ pytestmark = pytest.mark.timeout(60)
 COUNTER = f"{SIMKIT}:counter"
 
 
-def test_two_concurrent_episodes_each_get_their_own_slot_data_and_grade(bridge):
-    address = bridge(COUNTER, 2)
+@pytest.mark.parametrize("layout", [[], ["--io-thread"]], ids=["one-thread", "io-thread"])
+def test_two_concurrent_episodes_each_get_their_own_slot_data_and_grade(bridge, layout):
+    address = bridge(COUNTER, 2, *layout)
     results = {}
     controls = {seed: ControlClient(address) for seed in (3, 6)}
     claims = {seed: control.reset(seed=seed) for seed, control in controls.items()}  # both held at once
@@ -118,8 +119,9 @@ def test_a_claimed_but_undialed_slot_is_not_stepped(bridge):
         assert idle.result(waiting.token)["steps"] == 0
 
 
-def test_a_silent_slot_times_out_while_its_peer_finishes(bridge):
-    address = bridge(COUNTER, 2, "--step-timeout", "1", "--first-action-timeout", "1")
+@pytest.mark.parametrize("layout", [[], ["--io-thread"]], ids=["one-thread", "io-thread"])
+def test_a_silent_slot_times_out_while_its_peer_finishes(bridge, layout):
+    address = bridge(COUNTER, 2, "--step-timeout", "1", "--first-action-timeout", "1", *layout)
     with ControlClient(address) as a, ControlClient(address) as b:
         silent, active = a.reset(seed=1), b.reset(seed=2)
         with SlotClient(address, silent.token) as quiet, SlotClient(address, active.token) as ws:
@@ -411,6 +413,56 @@ def test_an_unknown_target_exits_with_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "pytest_hud.sim", "NoSuchEnv-v0"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "unknown sim target 'NoSuchEnv-v0'" in out.stderr
+
+
+SLOW_RESET = f"""
+import sys, time
+sys.path.insert(0, {str(SIMKIT.parent)!r})
+from simkit import CounterSim
+
+class SlowReset(CounterSim):
+    def reset_slots(self, indices, seeds, options):
+        if 99 in seeds:
+            time.sleep(2.5)  # longer than the step timeout: the serving loop is blocked meanwhile
+        return super().reset_slots(indices, seeds, options)
+
+def make(num_envs):
+    return SlowReset(num_envs, length=10**6)
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_sim_call_longer_than_the_step_timeout_fails_no_slot_whose_action_came_in_meanwhile(
+        bridge, tmp_path, monkeypatch, loop):
+    """With the loop on the sim's thread, a 2.5 s reset blocks it past a live slot's 1 s deadline;
+    that slot answered in time, so it must not be failed when the loop wakes (libuv runs due timers
+    before it reads sockets: the bridge reads them first)."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop", reason="uvloop is the optional pytest-hud[fast] extra")
+    monkeypatch.setenv("PYTEST_HUD_LOOP", loop)
+    (tmp_path / "slow.py").write_text(SLOW_RESET)
+    address = bridge(f"{tmp_path / 'slow.py'}:make", 2, "--step-timeout", "1", "--tick", "lockstep")
+    with ControlClient(address) as a, ControlClient(address) as b:
+        live, started = a.reset(seed=1), threading.Event()
+        frames: list = []
+
+        def keep_stepping():  # a steps back to back, before, during and after b's slow reset
+            with SlotClient(address, live.token, recv_timeout=10) as ws:
+                for i in range(400):
+                    frames.append(ws.step(np.zeros(1, np.float32)))
+                    if i == 20:
+                        started.set()
+
+        def join_slowly():
+            assert started.wait(10)
+            slow = b.reset(seed=99)
+            with SlotClient(address, slow.token, recv_timeout=10) as ws:  # its reset blocks the loop 2.5 s
+                for _ in range(10):
+                    ws.step(np.zeros(1, np.float32))
+
+        assert run_threads([keep_stepping, join_slowly], timeout=60) == []
+        assert list(frames[-1]["state"]) == [1, 400]
+        assert a.result(live.token)["error"] is None
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])

@@ -33,7 +33,6 @@ from .wsserver import WsConnection, WsServer, serve_ws
 __all__ = ["BridgeServer", "Timeouts", "close_code"]
 
 PROTOCOL = "pytest-hud/control/1"
-_LATE_TIMER_S = 0.25  # a deadline timer this late means the loop was blocked, not that the agent was
 
 
 def close_code(failure: SlotFailure) -> int:
@@ -76,7 +75,6 @@ class BridgeServer:
         self._sim_gate = _SimGate()
         self._slot_changed = asyncio.Condition()
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
-        self._rechecking = False  # the deadline timer fired late and looks again shortly
         self._sockets: dict[int, WsConnection] = {}  # slot index -> its agent's socket
         self._handshakes: dict[Handshake, WsConnection] = {}  # sockets that have not claimed yet
         self._metadata = packb({"claim_required": True, "width": self.engine.width,
@@ -390,15 +388,7 @@ class BridgeServer:
         self._deadline = (due, asyncio.get_running_loop().call_later(delay, self._deadline_passed))
 
     def _deadline_passed(self) -> None:
-        due = self._deadline[0] if self._deadline is not None else None
         self._deadline = None
-        if due is not None and time.monotonic() - due > _LATE_TIMER_S and not self._rechecking:
-            # The timer fired late: the loop was blocked (a long sim call on its thread). Read what
-            # the sockets hold first, so an action that came in meanwhile is not taken for a timeout.
-            self._rechecking = True
-            self._deadline = (due, asyncio.get_running_loop().call_later(0.05, self._deadline_passed))
-            return
-        self._rechecking = False
         self._expire()
         self._arm_deadline()
 
