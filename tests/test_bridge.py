@@ -406,6 +406,23 @@ def test_async_vectorization_serves_episodes_too(bridge):
     np.testing.assert_array_equal(first_obs(address, 4), expected)
 
 
+def test_async_vectorization_of_a_factory_in_a_file_builds_its_envs_in_the_worker_processes(bridge, tmp_path):
+    """The factory lives in a module only the bridge process has loaded (from a file path): the
+    async vector env's worker processes load it themselves."""
+    (tmp_path / "my_envs.py").write_text(
+        "import gymnasium as gym\n"
+        "def pendulum(g=10.0):\n    return gym.make('Pendulum-v1', g=g)\n")
+    address = bridge(f"{tmp_path / 'my_envs.py'}:pendulum", 2, "--vectorization", "async",
+                     "--build-args", '{"g": 9.81}')
+    env = gym.make("Pendulum-v1", g=9.81)
+    expected = [env.reset(seed=4)[0]] + [env.step(np.ones(1, np.float32))[0] for _ in range(3)]
+    with ControlClient(address) as control:
+        claim = control.reset(seed=4, build={"g": 9.81})
+        with SlotClient(address, claim.token) as ws:
+            got = [ws.first_observation["state"]] + [ws.step(np.ones(1, np.float32))["state"] for _ in range(3)]
+    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-6)
+
+
 def test_an_unknown_target_exits_with_a_clear_error():
     import subprocess
     import sys

@@ -109,18 +109,10 @@ def load_sim(
     factory = resolve_factory(target)
     if factory is None:
         _check_gym_id(target)
-
-        def make_one() -> Any:
-            return gym.make(target, **kwargs)
-
     elif _accepts_num_envs(factory) or (isinstance(factory, type) and issubclass(factory, VectorSim)):
         built = factory(num_envs=width, **kwargs) if _accepts_num_envs(factory) else factory(width, **kwargs)
         return _as_vector_sim(built, width, control_rate)
-    else:
-
-        def make_one() -> Any:
-            return factory(**kwargs)
-
+    make_one = EnvMaker(target, kwargs, factory)
     probe = make_one()
     if isinstance(probe, VectorSim | VectorEnv):
         return _as_vector_sim(probe, width, control_rate)
@@ -138,6 +130,31 @@ def load_sim(
     else:
         raise TargetError(f"vectorization must be 'sync' or 'async', got {vectorization!r}")
     return GymSim(env, control_rate)
+
+
+class EnvMaker:
+    """Builds one env of ``target``, here or in an ``AsyncVectorEnv`` worker process.
+
+    Picklable by value: a worker re-resolves the target itself, since a factory loaded from a file
+    lives in a module only this process has (pickled by reference, it could not be imported there).
+    """
+
+    def __init__(self, target: str, kwargs: Mapping[str, Any], factory: Callable[..., Any] | None = None) -> None:
+        self.target = target
+        self.kwargs = dict(kwargs)
+        self._factory = factory
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"target": self.target, "kwargs": self.kwargs, "_factory": None}
+
+    def __call__(self) -> Any:
+        if self._factory is None:
+            self._factory = resolve_factory(self.target)
+        if self._factory is None:
+            import gymnasium as gym
+
+            return gym.make(self.target, **self.kwargs)
+        return self._factory(**self.kwargs)
 
 
 def _as_vector_sim(built: Any, width: int, control_rate: float | None) -> VectorSim:
