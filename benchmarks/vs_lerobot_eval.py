@@ -17,6 +17,9 @@ episodes, reports):
   with one thread per core each spin-wait against each other on a small machine);
 - ``hud-server``: the same with ``--hud-policy-server`` (one model copy serving all workers with
   batched forwards; workers load no torch);
+- ``hud-server-async`` (not run by default): ``hud-server`` with ``--hud-vectorization=async``
+  (the bridge's 8 PushT envs step in 8 processes, so the sim, which is most of the work, uses
+  every core);
 - ``hud-novideo`` (not run by default): ``hud`` with ``--hud-video=none``;
 - ``lerobot-eval-96``: ``lerobot-eval`` with ``--env.visualization_width=96
   --env.visualization_height=96``, the cheapest videos its CLI allows.
@@ -151,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--setups", nargs="+",
         default=["lerobot-eval", "hud", "hud-1thread", "hud-server", "lerobot-eval-96", "lerobot-eval"],
-        choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server"],
+        choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server",
+                 "hud-server-async"],
         help="What to run, in this order; repeats allowed (the ratio uses the median lerobot-eval wall time)")
     parser.add_argument("--keep", type=Path, default=None, help="Keep logs and outputs here")
     args = parser.parse_args(argv)
@@ -184,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    dict(env, OMP_NUM_THREADS="1"), name, []),
             "hud-server": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                   ["--hud-policy-server"]),
+            "hud-server-async": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                        ["--hud-policy-server", "--hud-vectorization=async"]),
         }
         seen: dict[str, int] = {}
         for setup in args.setups:

@@ -521,3 +521,36 @@ def test_an_action_sent_before_the_last_observation_fails_that_slot_readably(bri
             ws.send(action)  # ...and this one comes before its observation could have
             message = ws.recv(timeout=10)
         assert isinstance(message, str) and "one action per observation" in message
+
+
+OWN_LOOP_SIM = f"""
+import asyncio, sys
+sys.path.insert(0, {str(SIMKIT.parent)!r})
+from simkit import CounterSim
+
+class OwnLoop(CounterSim):
+    def step(self, actions):  # e.g. a sim that drives a remote simulator with an asyncio client
+        async def remote():
+            return CounterSim.step(self, actions)
+        return asyncio.run(remote())
+
+def make(num_envs):
+    return OwnLoop(num_envs, length=3)
+"""
+
+
+@pytest.mark.parametrize("layout", [[], ["--io-thread"]], ids=["one-thread", "io-thread"])
+def test_a_sim_that_runs_its_own_event_loop_needs_the_io_thread_and_says_so(bridge, tmp_path, layout):
+    (tmp_path / "own_loop.py").write_text(OWN_LOOP_SIM)
+    address = bridge(f"{tmp_path / 'own_loop.py'}:make", 1, *layout)
+    with ControlClient(address) as control:
+        claim = control.reset(seed=2)
+        with SlotClient(address, claim.token) as ws:
+            if not layout:  # the serving loop runs on the sim's thread: asyncio.run refuses
+                with pytest.raises(BridgeError, match="asyncio event loop of its own.*--hud-io-thread"):
+                    ws.step(np.zeros(1, np.float32))
+                return
+            frame = ws.first_observation
+            while not frame["terminated"]:
+                frame = ws.step(np.zeros(1, np.float32))
+        assert control.result(claim.token)["steps"] == 3

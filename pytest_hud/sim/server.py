@@ -207,7 +207,7 @@ class BridgeServer:
                 _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options, plan.tasks
             )
         except Exception:
-            raise self.engine.reset_failed(plan, traceback.format_exc()) from None
+            raise self.engine.reset_failed(plan, _explain(traceback.format_exc())) from None
         self.engine.apply_reset(plan, flags, rows)
 
     def _owned(self, conn: Any, token: Any) -> Slot:
@@ -459,7 +459,7 @@ class BridgeServer:
     def _tick_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
         try:
             if error is not None:
-                why = "".join(traceback.format_exception(error))
+                why = _explain("".join(traceback.format_exception(error)))
                 for i, failure in self.engine.step_failed(plan, why):
                     conn = self._sockets.get(i)
                     if conn is not None:
@@ -569,6 +569,20 @@ def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mas
             sim.reset_slots(park, [None] * len(park), [None] * len(park))
     batch = sim.step(actions) if mask is None else sim.step_slots(actions, mask)  # mask: ready mode
     return batch, sim.observe()
+
+
+_OWN_LOOP = ("cannot be called from a running event loop", "This event loop is already running")
+
+
+def _explain(trace: str) -> str:
+    """A sim's traceback, with the fix named on its last line when the fix is the bridge's layout:
+    a sim that runs an asyncio loop of its own inside a call cannot share a thread with the
+    serving loop."""
+    lines = trace.rstrip().splitlines()
+    if lines and any(marker in lines[-1] for marker in _OWN_LOOP):
+        lines[-1] += ("; this sim runs an asyncio event loop of its own, so serve it with its sockets "
+                      "on another thread: --hud-io-thread (bridge: --io-thread)")
+    return "\n".join(lines)
 
 
 def _sim_stats(sim: VectorSim) -> Any:
