@@ -10,7 +10,8 @@ same vector env stepped raw in this process. Prints env-steps/s for both, their 
 bridge's overhead per slot-step in µs, and for images the frame size and what encoding and
 decoding one frame costs here (the user-space copies of its pixels). ``--before REF`` also runs
 the bridge of ``git archive REF`` (e.g. ``main``) right before this checkout's, against the same
-raw loop. Not a test: the machine is shared and noisy, so only side-by-side ratios count.
+raw loop, which is measured before and after the bridges (their mean is the reference: the
+machine's speed drifts); ``--repeat N`` runs N such rounds and prints the median ratios. Not a test: the machine is shared and noisy, so only side-by-side ratios count.
 """
 
 from __future__ import annotations
@@ -132,21 +133,31 @@ def codec_cost(target: str) -> str:
 
 
 def measure(label: str, target: str, width: int, ticks: int, workdir: str, before: Path | None,
-            ref: str | None) -> None:
-    before_rate = bridge_rate(target, width, ticks, workdir, before) if before is not None else None
-    rate = bridge_rate(target, width, ticks, workdir, ROOT)
-    r_s, r_steps = raw_loop(target, width, ticks)
-    raw_rate = r_steps / r_s
-    rows = [(f"before ({ref})", before_rate)] if before_rate is not None else []
-    rows.append(("this checkout", rate))
-    for who, bridge in rows:
-        overhead_us = (1 / bridge - 1 / raw_rate) * 1e6
-        print(f"{label:<23} {who:<15} width {width}  bridge {bridge:9.0f} env-steps/s   raw {raw_rate:9.0f} "
-              f"env-steps/s   bridge/raw {bridge / raw_rate:5.3f}   overhead {overhead_us:6.1f} µs/slot-step",
-              flush=True)
+            ref: str | None, repeat: int = 1) -> None:
+    """``repeat`` rounds of raw loop, bridge(s), raw loop again: each bridge's rate is divided by the
+    mean of the raw rates measured around it (the machine's speed drifts), and the median ratio over
+    the rounds is printed last."""
+    ratios: dict[str, list[float]] = {}
+    for round_ in range(repeat):
+        r_s, r_steps = raw_loop(target, width, ticks)
+        raw_before = r_steps / r_s
+        rows = [(f"before ({ref})", bridge_rate(target, width, ticks, workdir, before))] if before is not None else []
+        rows.append(("this checkout", bridge_rate(target, width, ticks, workdir, ROOT)))
+        r_s, r_steps = raw_loop(target, width, ticks)
+        raw_rate = (raw_before + r_steps / r_s) / 2
+        for who, bridge in rows:
+            overhead_us = (1 / bridge - 1 / raw_rate) * 1e6
+            ratios.setdefault(who, []).append(bridge / raw_rate)
+            print(f"{label:<23} {who:<15} width {width}  bridge {bridge:9.0f} env-steps/s   raw {raw_rate:9.0f} "
+                  f"env-steps/s   bridge/raw {bridge / raw_rate:5.3f}   overhead {overhead_us:6.1f} µs/slot-step",
+                  flush=True)
+    if repeat > 1:
+        for who, values in ratios.items():
+            values.sort()
+            print(f"{label:<23} {who:<15} median bridge/raw over {repeat} rounds {values[len(values) // 2]:5.3f} "
+                  f"({', '.join(f'{v:.3f}' for v in values)})", flush=True)
     if target != "Pendulum-v1":
         print(f"{'':<23} {codec_cost(target)}", flush=True)
-
 
 
 def main() -> None:
@@ -156,13 +167,15 @@ def main() -> None:
     parser.add_argument("--pixel-ticks", type=int, default=600, help="Ticks for the image envs")
     parser.add_argument("--envs", default="state,pixels", help="Comma-separated: state, pixels, cameras")
     parser.add_argument("--before", help="Also run the bridge of this git ref (e.g. main)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="Rounds per env (raw, bridges, raw again); the median ratio is printed")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         before = extract_package(args.before, Path(workdir) / "before") if args.before else None
         for name in args.envs.split(","):
             label, target = ENVS[name]
             ticks = args.ticks if name == "state" else args.pixel_ticks
-            measure(label, target, args.width, ticks, workdir, before, args.before)
+            measure(label, target, args.width, ticks, workdir, before, args.before, args.repeat)
 
 
 if __name__ == "__main__":
