@@ -161,10 +161,6 @@ class FrameReader:
         self._pos, self._more, self._more_len = 0, [], 0
         return True
 
-    @property
-    def buffered(self) -> int:
-        return len(self._buf) - self._pos + self._more_len
-
     def next(self) -> tuple[int, bytes | str] | None:
         while True:
             frame = self._frame()

@@ -7,6 +7,7 @@ created them; the bridge keeps the main thread for the sim and queues every call
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 import time
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["MainThreadExecutor", "InlineExecutor"]
+__all__ = ["InlineExecutor", "MainThreadExecutor"]
 
 
 class MainThreadExecutor:
@@ -111,34 +112,9 @@ class InlineExecutor:
         callback(result, None)
 
 
-class _LoopReply:
-    """The :class:`~concurrent.futures.Future` methods :meth:`MainThreadExecutor.run` calls,
-    delivering straight into an asyncio future of ``loop``."""
-
-    __slots__ = ("future", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.future: asyncio.Future = loop.create_future()
-
-    def set_running_or_notify_cancel(self) -> bool:
-        return not self.future.cancelled()
-
-    def set_result(self, value: Any) -> None:
-        self._deliver(value, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._deliver(None, exc)
-
-    def _deliver(self, value: Any, exc: BaseException | None) -> None:
-        try:
-            self.loop.call_soon_threadsafe(_settle, self.future, value, exc)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
-
-
 class _LoopCallback:
-    """Like :class:`_LoopReply`, delivering ``callback(value, exc)`` on ``loop`` instead."""
+    """The :class:`~concurrent.futures.Future` methods :meth:`MainThreadExecutor.run` calls,
+    delivering ``callback(value, exc)`` on ``loop``."""
 
     __slots__ = ("callback", "loop")
 
@@ -160,6 +136,19 @@ class _LoopCallback:
             self.loop.call_soon_threadsafe(self.callback, value, exc)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
+
+
+class _LoopReply(_LoopCallback):
+    """A :class:`_LoopCallback` that settles an asyncio future of ``loop``."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future = loop.create_future()
+        super().__init__(loop, functools.partial(_settle, self.future))
+
+    def set_running_or_notify_cancel(self) -> bool:
+        return not self.future.cancelled()
 
 
 def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:

@@ -26,7 +26,7 @@ from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, pack_frame, packb, unpack_action, unpackb
 from .base import VectorSim
 from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
-from .failures import BadAction, BadClaim, NoFirstObservation, SimFailed, SlotError, SlotFailure, TaskError
+from .failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
 from .slots import Slot, SlotState
 from .wsserver import WsConnection, WsServer, serve_ws
 
@@ -55,11 +55,11 @@ class BridgeServer:
         wave_gather_s: float = 0.05,
         tick: str = "auto",
         tick_window: float = DEFAULT_TICK_WINDOW,
-        call: Callable[..., None] | None = None,
+        call: Callable[..., None],
     ) -> None:
         self.sim = sim
         self._submit = submit
-        self._call_to = call  # ``MainThreadExecutor.call_to``: the tick's answer as a callback
+        self._call_to = call  # the executor's ``call_to``: the tick's answer as a callback
         self.secret = secret
         self.host = host
         self.target = target
@@ -480,17 +480,7 @@ class BridgeServer:
 
     def _call(self, callback: Callable[..., None], plan: Any, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the sim's thread, then ``callback(plan, result, error)`` on the loop."""
-        loop = asyncio.get_running_loop()
-        if self._call_to is not None:
-            self._call_to(loop, lambda result, error: callback(plan, result, error), fn, *args)
-            return
-        future = asyncio.ensure_future(self._submit(loop, fn, *args))
-
-        def done(f: asyncio.Future) -> None:
-            error = f.exception() if not f.cancelled() else asyncio.CancelledError()
-            callback(plan, None if error else f.result(), error)
-
-        future.add_done_callback(done)
+        self._call_to(asyncio.get_running_loop(), lambda result, error: callback(plan, result, error), fn, *args)
 
 
 class _Peer:

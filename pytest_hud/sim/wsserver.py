@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ..wsproto import (
@@ -136,10 +135,6 @@ class WsConnection(asyncio.Protocol):
             self.handler.ws_closed(self)
 
     # -------------------------------------------------------------------- sending
-    @property
-    def open(self) -> bool:
-        return self.state == OPEN
-
     def send(self, data: bytes | str) -> None:
         """Write one message now (binary for ``bytes``, text for ``str``); nothing once closing."""
         if self.state != OPEN:
@@ -229,9 +224,6 @@ class WsServer:
         self.server.close()
         for conn in list(self.connections):
             conn.close(code, reason)
-
-    def all(self) -> Iterable[WsConnection]:
-        return list(self.connections)
 
 
 async def serve_ws(handler: WsHandler, host: str, port: int, max_size: int) -> WsServer:
