@@ -65,8 +65,14 @@ def _num_workers(config: pytest.Config) -> int:
     return 1
 
 
+def _has_xdist(config: pytest.Config) -> bool:
+    """pytest-xdist is loaded: by its entry point ("xdist"), or by ``-p xdist.plugin`` under
+    ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`` (then it is registered under its module's name)."""
+    return config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin")
+
+
 def _distributed(config: pytest.Config) -> bool:
-    return config.pluginmanager.hasplugin("xdist") and getattr(config.option, "dist", "no") != "no"
+    return _has_xdist(config) and getattr(config.option, "dist", "no") != "no"
 
 
 def load_settings(config: pytest.Config) -> tuple[HudSettings, RunInputs]:
@@ -120,9 +126,11 @@ def _activate(config: pytest.Config, settings: HudSettings, inputs: RunInputs,
     config.stash[CONTROLLER_KEY] = controller
     config.pluginmanager.register(controller, "hud-controller")
     config.pluginmanager.register(JunitErrors(config), "hud-junit-errors")
-    if xdist_hooks and config.pluginmanager.hasplugin("xdist"):
+    if xdist_hooks and _has_xdist(config):
         config.pluginmanager.register(XdistHooks(controller), "hud-xdist")
-    if config.pluginmanager.hasplugin("html") and getattr(config.option, "htmlpath", None):
+    plugins = config.pluginmanager
+    html_loaded = plugins.hasplugin("html") or plugins.hasplugin("pytest_html.plugin")
+    if html_loaded and getattr(config.option, "htmlpath", None):
         from .report.pytest_html import HtmlReportHooks
 
         html = HtmlReportHooks(config, controller.html_summary)

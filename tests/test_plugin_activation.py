@@ -110,10 +110,17 @@ def test_plain():
 '''
 
 
-@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["in-process", "xdist"])
+NO_AUTOLOAD = ["-p", "xdist.plugin", "-p", "pytest_hud.plugin", "-n", "2"]
+
+
+@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"], NO_AUTOLOAD],
+                         ids=["in-process", "xdist", "xdist-without-autoload"])
 def test_a_project_without_hud_settings_activates_when_a_test_uses_the_fixtures(pytester, workers):
+    """``xdist-without-autoload``: plugins named with -p under PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 (the
+    way to skip a venv's other plugins) register under their module names, not "xdist"/"hud"."""
     pytester.makepyfile(sims=SIMS, policies=POLICIES, test_lazy=LAZY)
-    result = run(pytester, *workers, "-k", "balance or plain")
+    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if workers is NO_AUTOLOAD else {}
+    result = run(pytester, *workers, "-k", "balance or plain", **env)
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines(["hud: sim=(per test) width=* policy=(per test) (*",  # printed on activation
                                  "*pytest-hud summary*", "*test_lazy.py::test_balance*4*4*100.0%*",
