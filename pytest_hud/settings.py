@@ -49,7 +49,9 @@ OPTIONS: dict[str, Option] = {
     "max_steps": Option(int, None, "Stop and grade an episode after this many steps"),
     "n_action_steps": Option(int, None, "Actions executed from each predicted chunk before re-planning"),
     "policy_server": Option(bool, False, "Serve the policy from one batched policy server per run (workers load no model)"),
-    "vectorization": Option(str, "sync", "How bridges vectorize single envs: sync or async", ("sync", "async")),
+    "vectorization": Option(str, "sync", "How bridges vectorize single envs: sync (one thread), async (a "
+                            "process per env) or threads (envs stepped on one thread per core: for sims whose "
+                            "step releases the GIL, e.g. MuJoCo, pymunk)", ("sync", "async", "threads")),
     "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
                    "(the slots whose actions are in; independent envs only) or auto (ready where the sim "
                    "supports it)", ("auto", "lockstep", "ready")),

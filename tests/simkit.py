@@ -149,3 +149,46 @@ def multitask(num_envs: int, cache_size: int = 4):
     from pytest_hud.sim import MultiTaskSim
 
     return MultiTaskSim(num_envs, _TaskEnv.TASKS, _TaskEnv, cache_size=cache_size)
+
+
+class _ThreadWitness(gym.Wrapper):
+    """Pendulum that notes in ``calls`` which thread built, reset, stepped and closed it."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.calls: list[tuple[str, int]] = []
+        self._note("make")
+
+    def _note(self, what: str) -> None:
+        import threading
+
+        self.calls.append((what, threading.get_ident()))
+
+    def reset(self, **kwargs):
+        self._note("reset")
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        self._note("step")
+        return self.env.step(action)
+
+    def close(self):
+        self._note("close")
+        return self.env.close()
+
+
+def thread_witness():
+    """Pendulum-v1 whose every call is noted with its thread (``--vectorization threads`` tests)."""
+    return _ThreadWitness(gym.make("Pendulum-v1"))
+
+
+class _StepRaises(gym.Wrapper):
+    def step(self, action):
+        if float(action[0]) > 1.5:
+            raise RuntimeError(f"step refused action {float(action[0])}")
+        return self.env.step(action)
+
+
+def step_raises():
+    """Pendulum-v1 whose step raises on an action above 1.5."""
+    return _StepRaises(gym.make("Pendulum-v1"))

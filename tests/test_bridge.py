@@ -406,6 +406,19 @@ def test_async_vectorization_serves_episodes_too(bridge):
     np.testing.assert_array_equal(first_obs(address, 4), expected)
 
 
+def test_threads_vectorization_serves_each_slot_what_a_single_env_does(bridge):
+    address = bridge("Pendulum-v1", 3, "--vectorization", "threads")
+    env = gym.make("Pendulum-v1")
+    expected = [env.reset(seed=6)[0]] + [env.step(np.full(1, 0.5, np.float32))[0] for _ in range(4)]
+    with ControlClient(address) as control:
+        assert control.stats()["tick"] == "ready"  # independent envs: auto ticks per slot
+        claim = control.reset(seed=6)
+        with SlotClient(address, claim.token) as ws:
+            got = [ws.first_observation["state"]] + [ws.step(np.full(1, 0.5, np.float32))["state"]
+                                                     for _ in range(4)]
+    np.testing.assert_array_equal(np.array(got), np.array(expected))
+
+
 def test_async_vectorization_of_a_factory_in_a_file_builds_its_envs_in_the_worker_processes(bridge, tmp_path):
     """The factory lives in a module only the bridge process has loaded (from a file path): the
     async vector env's worker processes load it themselves."""

@@ -176,7 +176,7 @@ def _per_episode(path) -> dict:
             for r in load_results(path).episodes}
 
 
-def test_per_episode_results_are_identical_under_any_workers_width_and_tick_mode(project):
+def test_per_episode_results_are_identical_under_any_workers_width_tick_mode_and_vectorization(project):
     project.makepyfile(test_det=DETERMINISM)
     runs = {  # one env per slot: auto ticks in ready mode
         "n0": ["-p", "no:xdist"],
@@ -184,6 +184,9 @@ def test_per_episode_results_are_identical_under_any_workers_width_and_tick_mode
         "n2w2": ["-n", "2", "--hud-width=2"],
         "n4w2-lockstep": ["-n", "4", "--hud-width=2", "--hud-tick=lockstep"],
         "n4w4-ready": ["-n", "4", "--hud-width=4", "--hud-tick=ready", "--hud-tick-window=0"],
+        "n2w4-threads": ["-n", "2", "--hud-width=4", "--hud-vectorization=threads"],
+        "n0w3-threads-lockstep": ["-p", "no:xdist", "--hud-width=3", "--hud-vectorization=threads",
+                                  "--hud-tick=lockstep"],
     }
     seen = {}
     for name, args in runs.items():

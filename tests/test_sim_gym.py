@@ -81,3 +81,84 @@ def test_a_natively_batched_env_refuses_per_slot_seeds_with_the_fix_and_runs_at_
         return next(iter(sim.observe().values())).copy()
 
     assert np.array_equal(first_obs(7), first_obs(7)) and not np.array_equal(first_obs(7), first_obs(8))
+
+
+# ------------------------------------------------------------- --hud-vectorization=threads
+def _trajectory(vectorization: str, width: int, ticks: int) -> list:
+    """Mixed batched and per-slot steps and resets, as a bridge makes them; every row, every tick."""
+    sim = load_sim("Pendulum-v1", width, vectorization)
+    try:
+        sim.reset_slots(list(range(width)), [100 + i for i in range(width)], [None] * width)
+        rng = np.random.default_rng(0)
+        seen = []
+        for t in range(ticks):
+            actions = rng.uniform(-2, 2, (width, 1)).astype(np.float32)
+            mask = rng.uniform(size=width) < 0.6
+            batch = sim.step(actions) if t % 3 == 0 else sim.step_slots(actions, mask)
+            seen.append((batch.rewards.tolist(), sim.observe()["state"].tolist()))
+            if t % 7 == 6:
+                sim.reset_slots([t % width], [1000 + t], [None])
+                seen.append(sim.observe()["state"].tolist())
+        return seen
+    finally:
+        sim.close()
+
+
+def test_threads_vectorization_gives_every_slot_exactly_what_sync_does():
+    assert load_sim("Pendulum-v1", 2, "threads").supports_slot_step
+    assert _trajectory("threads", 5, 40) == _trajectory("sync", 5, 40)
+
+
+def test_each_env_is_built_reset_stepped_and_closed_on_one_thread_of_its_own_never_the_callers():
+    import os
+    import threading
+
+    sim = load_sim(f"{SIMKIT}:thread_witness", 4, "threads")
+    envs = list(sim.env.envs)
+    sim.reset_slots([0, 2], [1, 2], [None, None])
+    sim.step(np.zeros((4, 1), np.float32))
+    sim.step_slots(np.zeros((4, 1), np.float32), np.array([False, True, True, False]))
+    sim.close()
+    owners = []
+    for env in envs:
+        assert [w for w, _ in env.calls][:1] == ["make"] and {"reset", "step", "close"} <= {w for w, _ in env.calls}
+        threads = {t for _, t in env.calls}
+        assert len(threads) == 1, env.calls  # one owner thread for its whole life
+        owners.append(threads.pop())
+    assert threading.get_ident() not in owners
+    assert len(set(owners)) == min(4, len(os.sched_getaffinity(0)))  # one thread per core, at most one per env
+    assert owners[0] == owners[len(set(owners)) % 4]  # env i on thread i % threads
+    assert not [t for t in threading.enumerate() if t.name.startswith("hud-env-")]  # joined at close
+
+
+def test_an_env_that_raises_on_a_thread_raises_its_own_error_once_every_env_is_done():
+    sim = load_sim(f"{SIMKIT}:step_raises", 3, "threads")
+    try:
+        sim.reset_slots([0, 1, 2], [1, 2, 3], [None] * 3)
+        with pytest.raises(RuntimeError, match="step refused action 2"):
+            sim.step(np.float32([[0.0], [2.0], [0.0]]))
+    finally:
+        sim.close()
+
+
+def test_env_threads_map_in_order_and_raise_the_first_error_in_slot_order():
+    from pytest_hud.sim.threads import EnvThreads, default_threads
+
+    threads = EnvThreads(2)
+    try:
+        assert threads.map(lambda i: i * i, [3, 0, 2, 1]) == [9, 0, 4, 1]
+
+        def fail(i):
+            if i in (1, 3):
+                raise ValueError(f"env {i}")
+            return i
+
+        with pytest.raises(ValueError, match="env 1"):
+            threads.map(fail, [3, 2, 1, 0])
+    finally:
+        threads.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        threads.map(lambda i: i, [0])
+    assert default_threads(1) == 1 and 1 <= default_threads(64) <= 64
+    with pytest.raises(ValueError, match="at least 1"):
+        EnvThreads(0)

@@ -58,8 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--contract", help="Validate against this contract.json (and use its names)")
     p.add_argument("--save-contract", help="Write the derived contract.json here and continue")
     p.add_argument("--fps", type=float, help="Control rate in Hz recorded in the contract")
-    p.add_argument("--vectorization", choices=("sync", "async"), default="sync",
-                   help="How single envs are vectorized (async: one process per slot)")
+    p.add_argument("--vectorization", choices=("sync", "async", "threads"), default="sync",
+                   help="How single envs are vectorized (async: one process per slot; threads: the envs "
+                        "stepped on one thread per core, each env always on the same thread)")
     p.add_argument("--host", default="127.0.0.1", help="Interface to bind (loopback by default)")
     p.add_argument("--control-port", type=int, default=0, help="Control port (0: any free port)")
     p.add_argument("--ws-port", type=int, default=0, help="WebSocket port (0: any free port)")

@@ -4,17 +4,21 @@
 at it); :class:`GymSim` adapts any gymnasium vector env. Every array crossing this boundary has the
 batch (slot) dimension first: ``[N, ...]`` with ``N == width``.
 
-These objects are touched from the bridge's main thread only.
+These objects are touched from the bridge's main thread only (with ``--hud-vectorization=threads``
+a :class:`GymSim` hands each sub-env's calls to that env's owner thread, see :mod:`.threads`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..contract import Contract, derive_contract, flatten_observation
+
+if TYPE_CHECKING:
+    from .threads import EnvThreads
 
 __all__ = ["StepBatch", "VectorSim", "GymSim", "SUCCESS_KEYS"]
 
@@ -125,6 +129,11 @@ def _per_slot_info(infos: Mapping[str, Any], key: str, n: int) -> np.ndarray | N
     return np.where(mask, values, False)
 
 
+def _info_success(info: Mapping[str, Any]) -> bool:
+    """One env's ``info`` says the episode succeeded."""
+    return any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None)
+
+
 def success_from_infos(infos: Mapping[str, Any], n: int) -> np.ndarray:
     out = np.zeros(n, bool)
     for key in SUCCESS_KEYS:
@@ -142,7 +151,8 @@ class GymSim(VectorSim):
     the vector env's own buffer is only refreshed by its (unused) batched ``step``.
     """
 
-    def __init__(self, env: Any, control_rate: float | None = None) -> None:
+    def __init__(self, env: Any, control_rate: float | None = None,
+                 threads: EnvThreads | None = None) -> None:
         from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
         super().__init__(env.num_envs)
@@ -152,9 +162,13 @@ class GymSim(VectorSim):
         mode = env.metadata.get("autoreset_mode")
         self.supports_slot_reset = getattr(mode, "value", mode) == "Disabled"
         self.supports_slot_step = self.supports_slot_reset and isinstance(env, SyncVectorEnv)
+        # --hud-vectorization=threads: each sub-env is reset, stepped and closed on its owner thread
+        if threads is not None and not self.supports_slot_step:
+            raise ValueError("env threads need a SyncVectorEnv with autoreset disabled (one env per slot)")
+        self._threads = threads
         # One global reset gives the sample observation the contract is derived from, and leaves
         # every sub-env in a steppable state.
-        obs, _ = env.reset()
+        obs = env.reset()[0] if threads is None else self._reset_everywhere()
         self._obs = self._flatten(obs)
         sample = {k: v[0] for k, v in self._obs.items()}
         single = env.single_observation_space
@@ -171,6 +185,23 @@ class GymSim(VectorSim):
 
     _bare_key: str | None = None
 
+    def _reset_everywhere(self) -> Any:
+        """The global first reset, each env on its owner thread; the batch as ``env.reset()`` builds it."""
+        from gymnasium.vector.utils import concatenate, create_empty_array
+
+        envs = self.env.envs
+        single = [obs for obs, _ in self._threads.map(lambda i: envs[i].reset(), range(self.width))]
+        space = self.env.single_observation_space
+        return concatenate(space, single, create_empty_array(space, self.width))
+
+    def _write_row(self, i: int, obs: Any) -> None:
+        """Slot ``i``'s observation row (slot-wise calls: the vector env's own buffer is not used)."""
+        if self._bare_key is not None:
+            self._obs[self._bare_key][i] = obs
+        else:
+            for key, value in flatten_observation(obs).items():
+                self._obs[key][i] = value
+
     def _flatten(self, obs: Any) -> dict[str, np.ndarray]:
         if isinstance(obs, Mapping):
             return flatten_observation(obs)
@@ -186,6 +217,12 @@ class GymSim(VectorSim):
             seed_list[i] = s
         # Options are per call: the server resets slots whose options differ in separate calls.
         opts = dict(next((o for o in options if o), None) or {})
+        if self._threads is not None:  # what SyncVectorEnv.reset does per env, on the env's thread
+            envs, rows = self.env.envs, list(indices)
+            outs = self._threads.map(lambda i: envs[i].reset(seed=seed_list[i], options=dict(opts)), rows)
+            for i, (obs, _) in zip(rows, outs):
+                self._write_row(i, obs)
+            return np.array([_info_success(info) for _, info in outs], bool)
         if self.supports_slot_reset:
             mask = np.zeros(n, bool)
             mask[list(indices)] = True
@@ -221,15 +258,15 @@ class GymSim(VectorSim):
         n = self.width
         rewards, terminated, truncated = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
         success, score = np.zeros(n, bool), None
-        envs = self.env.envs
-        for i in np.flatnonzero(mask):
-            obs, rewards[i], terminated[i], truncated[i], info = envs[i].step(actions[i])
-            if self._bare_key is not None:
-                self._obs[self._bare_key][i] = obs
-            else:
-                for key, value in flatten_observation(obs).items():
-                    self._obs[key][i] = value
-            success[i] = any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None)
+        envs, rows = self.env.envs, np.flatnonzero(mask).tolist()
+        if self._threads is not None:
+            outs = self._threads.map(lambda i: envs[i].step(actions[i]), rows)
+        else:
+            outs = (envs[i].step(actions[i]) for i in rows)
+        for i, out in zip(rows, outs):
+            obs, rewards[i], terminated[i], truncated[i], info = out
+            self._write_row(i, obs)
+            success[i] = _info_success(info)
             if info.get("score") is not None:
                 if score is None:
                     score = np.full(n, np.nan)
@@ -237,6 +274,8 @@ class GymSim(VectorSim):
         return StepBatch(rewards, terminated, truncated, success, score)
 
     def step(self, actions: np.ndarray) -> StepBatch:
+        if self._threads is not None:
+            return self.step_slots(actions, np.ones(self.width, bool))
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
         self._obs = self._flatten(obs)
         n = self.width
@@ -250,4 +289,11 @@ class GymSim(VectorSim):
         return self._obs
 
     def close(self) -> None:
+        if self._threads is not None and not self.env.closed:
+            envs = self.env.envs
+            try:
+                self._threads.map(lambda i: envs[i].close(), range(self.width))
+            finally:
+                self.env.closed = True  # its own close would close them again, on this thread
+                self._threads.close()
         self.env.close()

@@ -127,8 +127,20 @@ def load_sim(
     elif vectorization == "sync":
         makers = [lambda p=probe: p] + [make_one] * (width - 1)
         env = SyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED)
+    elif vectorization == "threads":
+        from .threads import EnvThreads, default_threads
+
+        probe.close()  # every env is built on the thread that will step it
+        threads = EnvThreads(default_threads(width))
+        try:
+            built = threads.map(lambda i: make_one(), range(width))
+            env = SyncVectorEnv([lambda e=e: e for e in built], autoreset_mode=AutoresetMode.DISABLED)
+            return GymSim(env, control_rate, threads)
+        except BaseException:
+            threads.close()
+            raise
     else:
-        raise TargetError(f"vectorization must be 'sync' or 'async', got {vectorization!r}")
+        raise TargetError(f"vectorization must be 'sync', 'async' or 'threads', got {vectorization!r}")
     return GymSim(env, control_rate)
 
 
