@@ -192,3 +192,27 @@ class _StepRaises(gym.Wrapper):
 def step_raises():
     """Pendulum-v1 whose step raises on an action above 1.5."""
     return _StepRaises(gym.make("Pendulum-v1"))
+
+
+class _ThreadDependent(gym.Wrapper):
+    """Pendulum whose observation says whether it runs on the main thread: not the same on threads."""
+
+    def _mark(self, obs):
+        import threading
+
+        obs = np.array(obs, np.float32)
+        obs[2] = 1.0 if threading.current_thread() is threading.main_thread() else 0.0
+        return obs
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self._mark(obs), info
+
+    def step(self, action):
+        obs, *rest = self.env.step(action)
+        return (self._mark(obs), *rest)
+
+
+def thread_dependent():
+    """An env that is not the same on several threads (``--check-threads`` must say so)."""
+    return _ThreadDependent(gym.make("Pendulum-v1"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -289,8 +291,6 @@ def test_ready_mode_runs_an_episode_while_a_peer_is_silent(bridge):
 
 
 def test_ready_mode_is_refused_on_a_natively_batched_sim_with_the_fix():
-    import subprocess
-    import sys
 
     out = subprocess.run([sys.executable, "-m", "pytest_hud.sim", COUNTER, "--tick", "ready"],
                          capture_output=True, text=True, timeout=60)
@@ -347,8 +347,6 @@ def test_an_unknown_token_is_refused_with_a_text_frame(bridge):
 
 
 def test_the_bridge_exits_when_its_parent_dies(tmp_path):
-    import subprocess
-    import sys
 
     announce = tmp_path / "child.json"
     # a parent that starts a bridge and then dies at once (SIGKILL-like: os._exit)
@@ -376,8 +374,6 @@ def test_the_bridge_exits_when_its_parent_dies(tmp_path):
 
 
 def test_a_saved_contract_is_validated_at_start_and_its_names_are_served(bridge, tmp_path):
-    import subprocess
-    import sys
 
     from pytest_hud.contract import Contract
 
@@ -437,8 +433,6 @@ def test_async_vectorization_of_a_factory_in_a_file_builds_its_envs_in_the_worke
 
 
 def test_an_unknown_target_exits_with_a_clear_error():
-    import subprocess
-    import sys
 
     out = subprocess.run([sys.executable, "-m", "pytest_hud.sim", "NoSuchEnv-v0"], capture_output=True,
                          text=True, timeout=60)
@@ -567,3 +561,20 @@ def test_a_sim_that_runs_its_own_event_loop_needs_the_io_thread_and_says_so(brid
             while not frame["terminated"]:
                 frame = ws.step(np.zeros(1, np.float32))
         assert control.result(claim.token)["steps"] == 3
+
+
+def test_check_threads_passes_an_env_that_is_the_same_on_threads_and_names_the_first_difference_otherwise():
+    def check(target):
+        return subprocess.run([sys.executable, "-m", "pytest_hud.sim", target, "--width", "3",
+                               "--check-threads", "40"], capture_output=True, text=True, timeout=120)
+
+    same = check("Pendulum-v1")
+    assert same.returncode == 0, same.stderr
+    assert "40 ticks at width 3 identical with --vectorization sync and threads" in same.stdout
+    differs = check(f"{SIMKIT}:thread_dependent")
+    assert differs.returncode == 1
+    assert ("observation 'state' differs at tick 0, slot(s) [0, 1, 2] between --vectorization sync and threads: "
+            "this env is not safe to step on several threads at once; use sync or async") in differs.stderr
+    bad = subprocess.run([sys.executable, "-m", "pytest_hud.sim", "Pendulum-v1", "--check-threads", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--check-threads takes a number of ticks >= 1, got 0" in bad.stderr

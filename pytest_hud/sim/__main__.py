@@ -61,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vectorization", choices=("sync", "async", "threads"), default="sync",
                    help="How single envs are vectorized (async: one process per slot; threads: the envs "
                         "stepped on one thread per core, each env always on the same thread)")
+    p.add_argument("--check-threads", nargs="?", type=int, const=200, default=None, metavar="TICKS",
+                   help="Serve nothing: run seeded episodes with random actions for TICKS ticks (default "
+                        "200) with --vectorization sync and threads, compare everything, exit 0 if "
+                        "identical, 1 naming the first difference")
     p.add_argument("--host", default="127.0.0.1", help="Interface to bind (loopback by default)")
     p.add_argument("--control-port", type=int, default=0, help="Control port (0: any free port)")
     p.add_argument("--ws-port", type=int, default=0, help="WebSocket port (0: any free port)")
@@ -87,6 +91,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _check_threads(args: argparse.Namespace, build_args: dict) -> int:
+    from .threads import check_threads
+
+    if args.check_threads < 1:
+        print(f"pytest-hud bridge: --check-threads takes a number of ticks >= 1, got {args.check_threads}",
+              file=sys.stderr)
+        return 2
+    try:
+        difference = check_threads(args.target, args.width, args.check_threads, build_args)
+    except (TargetError, ValueError) as exc:
+        print(f"pytest-hud bridge: {exc}", file=sys.stderr)
+        return 2
+    if difference is not None:
+        print(f"pytest-hud bridge: {args.target}: {difference}", file=sys.stderr)
+        return 1
+    print(f"{args.target}: {args.check_threads} ticks at width {args.width} identical with --vectorization "
+          "sync and threads (evidence, not proof: races need not show in every run)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
@@ -101,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.width < 1:
         print(f"pytest-hud bridge: --width must be at least 1, got {args.width}", file=sys.stderr)
         return 2
+    if args.check_threads is not None:
+        return _check_threads(args, build_args)
     try:
         sim = load_sim(args.target, args.width, args.vectorization, build_args, args.fps)
         contract = sim.contract()
