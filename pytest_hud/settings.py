@@ -53,8 +53,9 @@ OPTIONS: dict[str, Option] = {
                             "process per env) or threads (envs stepped on one thread per core: for sims whose "
                             "step releases the GIL, e.g. MuJoCo, pymunk)", ("sync", "async", "threads")),
     "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
-                   "(the slots whose actions are in; independent envs only) or auto (ready where the sim "
-                   "supports it)", ("auto", "lockstep", "ready")),
+                   "(the slots whose actions are in; independent envs only) or auto (lockstep with "
+                   "--hud-policy-server, so its batches fill; else ready where the sim supports it)",
+                   ("auto", "lockstep", "ready")),
     "tick_window": Option(float, 0.001, "Ready mode: seconds a tick waits for more actions after the first one arrives"),
     "io_thread": Option(bool, False, "Bridges serve their sockets on a thread apart from the sim's: they keep "
                         "answering while one sim call runs for many seconds, at more CPU per step"),
@@ -267,6 +268,14 @@ class HudSettings:
     def slots(self) -> int:
         """Slots per bridge: ``--hud-width``, else one per worker."""
         return self.width or self.workers
+
+    @property
+    def bridge_tick(self) -> str:
+        """The tick mode bridges are started with. ``auto`` is lockstep when a batching policy server
+        answers the episodes: slots stepped together ask for their actions together, so the
+        server's batches fill (in ready mode the slots drift apart and each asks alone). Otherwise
+        ``auto`` is left to each bridge: ready where its sim can step a subset of its slots."""
+        return "lockstep" if self.tick == "auto" and self.policy_server else self.tick
 
     @property
     def timeouts(self) -> Timeouts:
