@@ -20,6 +20,14 @@ episodes, reports):
 - ``hud-server-async`` (not run by default): ``hud-server`` with ``--hud-vectorization=async``
   (the bridge's 8 PushT envs step in 8 processes, so the sim, which is most of the work, uses
   every core);
+- ``hud-server-processes`` (not run by default): ``hud-server`` with ``--hud-vectorization=processes``
+  (the bridge's 8 envs in one process per core, 4 each: the sim uses every core);
+- ``hud-server-threads`` (not run by default): ``hud-server`` with ``--hud-vectorization=threads``
+  (the 8 envs on one thread per core in the bridge process). PushT is not safe on threads
+  (``python -m pytest_hud.sim evals/sims/pusht.py:make_pusht --width 8 --check-threads`` finds
+  rewards that differ from a one-thread run): shown for its speed only, not a setup to use;
+- ``hud-server-ready`` (not run by default): ``hud-server`` with ``--hud-tick=ready``; ``auto`` ticks
+  in lockstep with a policy server (see the README's tick modes);
 - ``hud-novideo`` (not run by default): ``hud`` with ``--hud-video=none``;
 - ``lerobot-eval-96``: ``lerobot-eval`` with ``--env.visualization_width=96
   --env.visualization_height=96``, the cheapest videos its CLI allows.
@@ -40,6 +48,12 @@ What differs in what is measured:
 - pytest-hud writes a results file, JUnit-able reports and per-episode records; ``lerobot-eval``
   writes ``eval_info.json``.
 
+pytest runs with the plugins a ``pip install "pytest-hud[lerobot]"`` brings (xdist and pytest-hud:
+``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 -p xdist.plugin -p pytest_hud.plugin``). A development venv
+also holds this repository's test plugins, and every xdist worker imports every installed plugin:
+hypothesis alone costs about 1.2 CPU-seconds per process, 11 of them across a ``-n 8`` run on 2
+cores. ``--all-plugins`` measures with them.
+
 Success counts PushT's own ``is_success`` on both sides; the per-seed comparison checks that both
 ran the same episodes (the policy is deterministic in eval mode, so they normally agree exactly).
 Not a test: the machine is shared and noisy; only the side-by-side ratio counts.
@@ -52,6 +66,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,6 +141,9 @@ def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dic
     ]
     env = dict(env, PUSHT_CHECKPOINT=str(checkpoint), PUSHT_EPISODES=str(args.episodes),
                PUSHT_FIRST_SEED=str(FIRST_SEED))
+    if not args.all_plugins:  # the plugins `pip install pytest-hud[lerobot]` brings, not this venv's test ones
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        command[3:3] = ["-p", "xdist.plugin", "-p", "pytest_hud.plugin"]
     log = scratch / f"{name}.log"
     wall, code = run_timed(command, env, log)
     row = {"name": name, "command": " ".join(command[2:]), "wall_s": wall, "code": code, "log": log}
@@ -155,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         "--setups", nargs="+",
         default=["lerobot-eval", "hud", "hud-1thread", "hud-server", "lerobot-eval-96", "lerobot-eval"],
         choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server",
-                 "hud-server-async"],
+                 "hud-server-async", "hud-server-processes", "hud-server-threads", "hud-server-ready"],
         help="What to run, in this order; repeats allowed (the ratio uses the median lerobot-eval wall time)")
     parser.add_argument("--keep", type=Path, default=None, help="Keep logs and outputs here")
+    parser.add_argument("--all-plugins", action="store_true",
+                        help="Let pytest load every plugin of this venv (by default only xdist and pytest-hud)")
     args = parser.parse_args(argv)
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", SDL_VIDEODRIVER="dummy",
@@ -171,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{size / 1e6:.1f} MB; ready in {time.perf_counter() - tick:.1f}s, not timed)")
     last_seed = FIRST_SEED + args.episodes - 1
     print(f"episodes: {args.episodes} (seeds {FIRST_SEED}..{last_seed}), width {args.width}, max 300 steps, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start\n", flush=True)
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start", flush=True)
+    print("pytest plugins: " + ("every plugin of this venv (--all-plugins)" if args.all_plugins else
+          "xdist and pytest-hud only (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 -p xdist.plugin -p pytest_hud.plugin), "
+          "what `pip install pytest-hud[lerobot]` brings; --all-plugins keeps this venv's others") + "\n",
+          flush=True)
 
     scratch = Path(tempfile.mkdtemp(prefix="vs-lerobot-eval-"))
     rows = []
@@ -190,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
                                                   ["--hud-policy-server"]),
             "hud-server-async": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                         ["--hud-policy-server", "--hud-vectorization=async"]),
+            "hud-server-processes": lambda name: pytest_hud(
+                args.python, checkpoint, args, scratch, env, name,
+                ["--hud-policy-server", "--hud-vectorization=processes"]),
+            "hud-server-threads": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                          ["--hud-policy-server", "--hud-vectorization=threads"]),
+            "hud-server-ready": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                        ["--hud-policy-server", "--hud-tick=ready"]),
         }
         seen: dict[str, int] = {}
         for setup in args.setups:
@@ -208,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print()
         reference = sorted(r["wall_s"] for r in rows if r["setup"] == "lerobot-eval" and r.get("successes"))
-        base_wall = reference[len(reference) // 2] if reference else None  # median of the lerobot-eval runs
+        base_wall = statistics.median(reference) if reference else None  # of the lerobot-eval runs
         base = next((r for r in rows if r["setup"] == "lerobot-eval" and r.get("successes")), None)
         if base_wall:
             print(f"reference: lerobot-eval wall {base_wall:.1f}s (median of {len(reference)} run(s))")

@@ -50,8 +50,9 @@ OPTIONS: dict[str, Option] = {
     "n_action_steps": Option(int, None, "Actions executed from each predicted chunk before re-planning"),
     "policy_server": Option(bool, False, "Serve the policy from one batched policy server per run (workers load no model)"),
     "vectorization": Option(str, "sync", "How bridges vectorize single envs: sync (one thread), async (a "
-                            "process per env) or threads (envs stepped on one thread per core: for sims whose "
-                            "step releases the GIL, e.g. MuJoCo, pymunk)", ("sync", "async", "threads")),
+                            "process per env), processes (one process per core, each a block of slots) or "
+                            "threads (one thread per core; only for envs safe on threads, see "
+                            "--check-threads)", ("sync", "async", "processes", "threads")),
     "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
                    "(the slots whose actions are in; independent envs only) or auto (lockstep with "
                    "--hud-policy-server, so its batches fill; else ready where the sim supports it)",

@@ -563,6 +563,28 @@ def test_a_sim_that_runs_its_own_event_loop_needs_the_io_thread_and_says_so(brid
         assert control.result(claim.token)["steps"] == 3
 
 
+def test_processes_vectorization_serves_each_slot_what_a_single_env_does_and_leaves_no_process(bridge):
+    import psutil
+
+    address = bridge("Pendulum-v1", 3, "--vectorization", "processes")
+    env = gym.make("Pendulum-v1")
+    expected = [env.reset(seed=6)[0]] + [env.step(np.full(1, 0.5, np.float32))[0] for _ in range(4)]
+    with ControlClient(address) as control:
+        assert control.stats()["tick"] == "ready"
+        pid = control.stats()["pid"]
+        claim = control.reset(seed=6)
+        with SlotClient(address, claim.token) as ws:
+            got = [ws.first_observation["state"]] + [ws.step(np.full(1, 0.5, np.float32))["state"]
+                                                     for _ in range(4)]
+    np.testing.assert_array_equal(np.array(got), np.array(expected))
+    children = psutil.Process(pid).children()  # the env processes, and multiprocessing's resource tracker
+    blocks = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+    assert len(blocks) == min(3, len(__import__("os").sched_getaffinity(0)))
+    psutil.Process(pid).kill()  # the bridge dies without closing them: they notice and exit
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+
+
 def test_check_threads_passes_an_env_that_is_the_same_on_threads_and_names_the_first_difference_otherwise():
     def check(target):
         return subprocess.run([sys.executable, "-m", "pytest_hud.sim", target, "--width", "3",

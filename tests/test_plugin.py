@@ -185,6 +185,7 @@ def test_per_episode_results_are_identical_under_any_workers_width_tick_mode_and
         "n4w2-lockstep": ["-n", "4", "--hud-width=2", "--hud-tick=lockstep"],
         "n4w4-ready": ["-n", "4", "--hud-width=4", "--hud-tick=ready", "--hud-tick-window=0"],
         "n2w4-threads": ["-n", "2", "--hud-width=4", "--hud-vectorization=threads"],
+        "n4w3-processes": ["-n", "4", "--hud-width=3", "--hud-vectorization=processes"],
         "n0w3-threads-lockstep": ["-p", "no:xdist", "--hud-width=3", "--hud-vectorization=threads",
                                   "--hud-tick=lockstep"],
     }

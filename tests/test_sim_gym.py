@@ -162,3 +162,36 @@ def test_env_threads_map_in_order_and_raise_the_first_error_in_slot_order():
     assert default_threads(1) == 1 and 1 <= default_threads(64) <= 64
     with pytest.raises(ValueError, match="at least 1"):
         EnvThreads(0)
+
+
+# ----------------------------------------------------------- --hud-vectorization=processes
+def test_processes_vectorization_gives_every_slot_exactly_what_sync_does():
+    sim = load_sim("Pendulum-v1", 3, "processes")
+    try:
+        assert sim.supports_slot_step and sim.supports_slot_reset
+        assert sim.contract() == load_sim("Pendulum-v1", 1).contract()
+    finally:
+        sim.close()
+    assert _trajectory("processes", 5, 40) == _trajectory("sync", 5, 40)
+
+
+def test_an_env_process_that_raises_or_dies_is_named_by_its_slots():
+    import os
+    import signal
+
+    sim = load_sim(f"{SIMKIT}:step_raises", 3, "processes")
+    try:
+        sim.reset_slots([0, 1, 2], [1, 2, 3], [None] * 3)
+        blocks = {b.slots: b for b in sim._blocks}
+        assert set(blocks) == {"0-1", "2"} or set(blocks) == {"0", "1-2"} or len(blocks) == 1
+        last = sim._blocks[-1]
+        with pytest.raises(RuntimeError, match=rf"env process of slots {last.slots} raised:(.|\n)*step refused action 2"):
+            sim.step(np.float32([[0.0], [0.0], [2.0]]))
+        sim.step(np.zeros((3, 1), np.float32))  # the pipes stay in step after an error
+        os.kill(last.process.pid, signal.SIGKILL)
+        last.process.join(5)
+        with pytest.raises(RuntimeError, match=rf"env process of slots {last.slots} died \(exit code -9\)"):
+            sim.step(np.zeros((3, 1), np.float32))
+    finally:
+        sim.close()
+    assert not [b for b in sim._blocks if b.process.is_alive()]

@@ -58,9 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--contract", help="Validate against this contract.json (and use its names)")
     p.add_argument("--save-contract", help="Write the derived contract.json here and continue")
     p.add_argument("--fps", type=float, help="Control rate in Hz recorded in the contract")
-    p.add_argument("--vectorization", choices=("sync", "async", "threads"), default="sync",
-                   help="How single envs are vectorized (async: one process per slot; threads: the envs "
-                        "stepped on one thread per core, each env always on the same thread)")
+    p.add_argument("--vectorization", choices=("sync", "async", "processes", "threads"), default="sync",
+                   help="How single envs are vectorized (async: one process per slot; processes: one process "
+                        "per core, each serving a block of slots; threads: the envs stepped on one thread "
+                        "per core, each env always on the same thread)")
     p.add_argument("--check-threads", nargs="?", type=int, const=200, default=None, metavar="TICKS",
                    help="Serve nothing: run seeded episodes with random actions for TICKS ticks (default "
                         "200) with --vectorization sync and threads, compare everything, exit 0 if "

@@ -139,8 +139,15 @@ def load_sim(
         except BaseException:
             threads.close()
             raise
+    elif vectorization == "processes":
+        from .processes import ProcessSim
+        from .threads import default_threads
+
+        probe.close()  # each process builds its own envs
+        return ProcessSim(target, width, kwargs, control_rate, default_threads(width))
     else:
-        raise TargetError(f"vectorization must be 'sync', 'async' or 'threads', got {vectorization!r}")
+        raise TargetError(
+            f"vectorization must be 'sync', 'async', 'threads' or 'processes', got {vectorization!r}")
     return GymSim(env, control_rate)
 
 

@@ -1,0 +1,245 @@
+"""A bridge's slots split across a few processes: ``--hud-vectorization=processes``.
+
+For single-env targets whose step costs milliseconds of CPU (rendering, physics), one bridge
+process steps its envs one after another on one core. ``async`` vectorization puts every env in a
+process of its own (gymnasium's ``AsyncVectorEnv``): on a machine with fewer cores than slots that
+is many processes to boot and to wake every tick. ``processes`` starts one process per core (never
+more than the slots) and gives each a contiguous block of slots, served by the same ``sync``
+adapter a one-process bridge uses; a call goes to every process concerned at once and returns when
+all have answered. Each env lives in one process for its whole life and nothing is shared between
+processes, so every episode is what it is under ``sync`` (a test proves it).
+
+The processes are spawned (no forked GL contexts or threads). Each exits when its bridge closes it,
+when its pipe to the bridge closes, or when the bridge's process is gone (checked every second),
+so a killed bridge leaves none behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..contract import Contract
+from .base import StepBatch, VectorSim
+
+__all__ = ["ProcessSim"]
+
+_BATCH_FIELDS = ("rewards", "terminated", "truncated", "success", "score")
+
+
+def _batch_fields(batch: StepBatch) -> tuple[Any, ...]:
+    return tuple(getattr(batch, name) for name in _BATCH_FIELDS)
+
+
+def _exit_with_parent(parent: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str, Any],
+           control_rate: float | None) -> None:
+    """A block's process: build the sim, then answer the bridge's calls until closed."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="hud-parent-watch").start()
+    from .target import load_sim
+
+    try:
+        sim = load_sim(target, width, "sync", build_args, control_rate)
+        conn.send(("ok", (sim.contract().to_dict(), sim.supports_slot_step, sim.supports_slot_reset,
+                          tuple(sim.tasks), sim.observe())))
+    except BaseException:  # noqa: BLE001 - the bridge reports it with the target
+        conn.send(("error", traceback.format_exc()))
+        return
+    try:
+        while True:
+            try:
+                call, args, kwargs = conn.recv()
+            except (EOFError, OSError):
+                return  # the bridge is gone
+            if call == "close":
+                sim.close()
+                conn.send(("ok", None))
+                return
+            try:
+                if call == "reset":
+                    out: Any = sim.reset_slots(*args, **kwargs)
+                elif call == "step":
+                    out = _batch_fields(sim.step(*args))
+                else:
+                    out = _batch_fields(sim.step_slots(*args))
+                conn.send(("ok", (out, sim.observe())))
+            except BaseException:  # noqa: BLE001 - raised in the bridge, which marks itself broken
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+class _Block:
+    """One process and the slots ``start .. stop-1`` it serves."""
+
+    def __init__(self, ctx: Any, start: int, stop: int, target: str, build_args: dict[str, Any],
+                 control_rate: float | None) -> None:
+        self.start, self.stop = start, stop
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, os.getpid(), target, stop - start, build_args,
+                                                       control_rate),
+                                   daemon=True, name=f"hud-envs-{start}-{stop - 1}")
+        self.process.start()
+        child.close()
+
+    @property
+    def slots(self) -> str:
+        return f"{self.start}" if self.stop - self.start == 1 else f"{self.start}-{self.stop - 1}"
+
+    def send(self, call: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            self.conn.send((call, args, kwargs))
+        except (OSError, EOFError):
+            raise self._died() from None
+
+    def answer(self) -> Any:
+        try:
+            status, value = self.conn.recv()
+        except (OSError, EOFError):
+            raise self._died() from None
+        if status == "error":
+            raise RuntimeError(f"the env process of slots {self.slots} raised:\n{value.rstrip()}")
+        return value
+
+    def _died(self) -> RuntimeError:
+        self.process.join(1.0)
+        return RuntimeError(f"the env process of slots {self.slots} died (exit code {self.process.exitcode})")
+
+
+class ProcessSim(VectorSim):
+    """``width`` slots in ``processes`` spawned processes, each a ``sync`` sim of a block of slots."""
+
+    def __init__(self, target: str, width: int, build_args: Mapping[str, Any] | None = None,
+                 control_rate: float | None = None, processes: int = 2) -> None:
+        super().__init__(width)
+        n = max(1, min(int(processes), self.width))
+        bounds = [round(k * self.width / n) for k in range(n + 1)]
+        ctx = multiprocessing.get_context("spawn")
+        self._blocks: list[_Block] = []
+        self._closed = False
+        try:
+            for start, stop in zip(bounds, bounds[1:]):
+                self._blocks.append(_Block(ctx, start, stop, target, dict(build_args or {}), control_rate))
+            hellos = [block.answer() for block in self._blocks]
+        except BaseException:
+            self.close()
+            raise
+        contracts = [Contract.from_dict(h[0]) for h in hellos]
+        self._contract = contracts[0]
+        self.supports_slot_step = all(h[1] for h in hellos)
+        self.supports_slot_reset = all(h[2] for h in hellos)
+        self.tasks = hellos[0][3]
+        self._obs = {key: np.concatenate([h[4][key] for h in hellos]) for key in hellos[0][4]}
+
+    def contract(self) -> Contract:
+        return self._contract
+
+    def _block_of(self, slot: int) -> _Block:
+        for block in self._blocks:
+            if block.start <= slot < block.stop:
+                return block
+        raise IndexError(f"slot {slot} is not one of this sim's {self.width}")
+
+    def _take(self, block: _Block, obs: dict[str, np.ndarray]) -> None:
+        for key, rows in obs.items():
+            self._obs[key][block.start:block.stop] = rows
+
+    def _gather(self, blocks: list[_Block]) -> list[Any]:
+        """Every block's answer (all of them, even after one raised: the pipes stay in step)."""
+        answers, error = [], None
+        for block in blocks:
+            try:
+                answers.append(block.answer())
+            except RuntimeError as exc:
+                answers.append(None)
+                error = error or exc
+        if error is not None:
+            raise error
+        return answers
+
+    def reset_slots(self, indices: Sequence[int], seeds: Sequence[int | None],
+                    options: Sequence[Mapping[str, Any] | None], tasks: Sequence[str | None] | None = None,
+                    ) -> np.ndarray:
+        where: dict[int, list[int]] = {}
+        for n, slot in enumerate(indices):
+            where.setdefault(self._blocks.index(self._block_of(slot)), []).append(n)
+        blocks = [self._blocks[b] for b in where]
+        for b, ns in where.items():
+            block = self._blocks[b]
+            kwargs = {"tasks": [tasks[n] for n in ns]} if tasks is not None else {}
+            block.send("reset", [indices[n] - block.start for n in ns], [seeds[n] for n in ns],
+                       [options[n] for n in ns], **kwargs)
+        flags = np.zeros(len(indices), bool)
+        for (b, ns), (block_flags, obs) in zip(where.items(), self._gather(blocks)):
+            flags[ns] = np.asarray(block_flags, bool)
+            self._take(self._blocks[b], obs)
+        return flags
+
+    def step(self, actions: np.ndarray) -> StepBatch:
+        for block in self._blocks:
+            block.send("step", actions[block.start:block.stop])
+        return self._batch(self._blocks, self._gather(self._blocks))
+
+    def step_slots(self, actions: np.ndarray, mask: np.ndarray) -> StepBatch:
+        if not self.supports_slot_step:
+            raise NotImplementedError("only a SyncVectorEnv with autoreset disabled steps a subset of slots")
+        blocks = [b for b in self._blocks if mask[b.start:b.stop].any()]
+        for block in blocks:
+            block.send("step_slots", actions[block.start:block.stop], mask[block.start:block.stop])
+        return self._batch(blocks, self._gather(blocks))
+
+    def _batch(self, blocks: list[_Block], answers: list[Any]) -> StepBatch:
+        n = self.width
+        fields = {"rewards": np.zeros(n), "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool),
+                  "success": np.zeros(n, bool)}
+        score = None
+        for block, (values, obs) in zip(blocks, answers):
+            rows = slice(block.start, block.stop)
+            for name, value in zip(_BATCH_FIELDS, values):
+                if name == "score":
+                    if value is not None:
+                        if score is None:
+                            score = np.full(n, np.nan)
+                        score[rows] = value
+                else:
+                    fields[name][rows] = value
+            self._take(block, obs)
+        return StepBatch(fields["rewards"], fields["terminated"], fields["truncated"], fields["success"], score)
+
+    def observe(self) -> dict[str, np.ndarray]:
+        return self._obs
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for block in self._blocks:
+            try:
+                block.send("close")
+            except RuntimeError:
+                pass
+        for block in self._blocks:
+            try:
+                if block.conn.poll(10.0):
+                    block.conn.recv()
+            except (OSError, EOFError):
+                pass
+            block.process.join(5.0)
+            if block.process.is_alive():
+                block.process.kill()
+                block.process.join(5.0)
+            block.conn.close()
