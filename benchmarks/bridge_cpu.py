@@ -1,12 +1,15 @@
 """Bridge CPU per slot-step, like for like: the same external lean client against each bridge.
 
-    python benchmarks/bridge_cpu.py [--before REF] [--ticks 3000] [--repeat 2] [--no-hud]
+    python benchmarks/bridge_cpu.py [--before REF] [--ticks 3000] [--repeat 2] [--no-hud] [--env null]
 
 Workload: Pendulum-v1 at width 8, 8 slots driven by one lean client process (msgpack +
 websockets, no pytest-hud import, zero actions). What counts is the CPU time (user + system) of
 the *bridge process* over a measured window, divided by the slot-steps in it, so the client's own
 cost cannot hide or inflate the bridge's. Per-thread figures (from ``/proc/PID/task``) show where
-the bridge spends it: the sim's main thread vs the I/O loop thread.
+the bridge spends it: the sim's main thread vs the I/O loop thread; then user vs system time, and
+how often the bridge's threads went to sleep (voluntary context switches) per slot-step. ``--env
+null`` serves an env with Pendulum's spaces and a step that costs nothing
+(``benchmarks/null_env.py``) on every bridge: what is left is each bridge's own machinery.
 
 Bridges, measured in turn, ``--repeat`` times, interleaved (the machine is shared and noisy):
 
@@ -36,6 +39,10 @@ from git_ref import extract_package
 ROOT = Path(__file__).resolve().parent.parent
 TICK_S = os.sysconf("SC_CLK_TCK")
 TICK = ["lockstep"]  # --tick for bridges that have the option (set from the command line)
+# --env: what each bridge serves (pytest-hud's target, the HUD SDK's gymnasium id)
+ENVS = {"pendulum": ("Pendulum-v1", "Pendulum-v1"),
+        "null": (f"{ROOT / 'benchmarks' / 'null_env.py'}:make", "null_env:NullPendulum-v0")}
+ENV = ["pendulum"]
 
 
 # ----------------------------------------------------------------- the lean client
@@ -122,9 +129,16 @@ def _cpu(pid: int) -> dict[str, float]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        secs = (int(fields[11]) + int(fields[12])) / TICK_S
-        out[name] = out.get(name, 0.0) + secs
-    out["total"] = sum(out.values())
+        user, system = int(fields[11]) / TICK_S, int(fields[12]) / TICK_S
+        out[name] = out.get(name, 0.0) + user + system
+        out["user"] = out.get("user", 0.0) + user
+        out["system"] = out.get("system", 0.0) + system
+        try:  # each voluntary switch is one sleep and one wake-up of a thread
+            status = (task / "status").read_text()
+            out["sleeps"] = out.get("sleeps", 0.0) + int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            pass
+    out["total"] = out.get("main", 0.0) + out.get("other threads", 0.0)
     return out
 
 
@@ -132,7 +146,7 @@ HUD_BRIDGE = """
 import sys
 from hud.environment.robot.bridge import serve_bridge
 from hud.environment.robot.gym import GymBridge
-serve_bridge(GymBridge("Pendulum-v1", num_envs=int(sys.argv[1]), contract=None))
+serve_bridge(GymBridge(sys.argv[2], num_envs=int(sys.argv[1]), contract=None))
 """
 
 
@@ -155,7 +169,7 @@ def start(kind: str, code_root: Path | None, python: str, width: int, workdir: P
         tick = []  # lockstep on every side, like the other bridges (older trees have no --tick)
         if '"--tick"' in (Path(code_root) / "pytest_hud" / "sim" / "__main__.py").read_text():
             tick = ["--tick", TICK[0]]
-        proc = subprocess.Popen([python, "-m", "pytest_hud.sim", "Pendulum-v1", "--width", str(width),
+        proc = subprocess.Popen([python, "-m", "pytest_hud.sim", ENVS[ENV[0]][0], "--width", str(width),
                                  "--announce", str(announce), *tick], env=env, cwd=workdir)
         while not announce.exists():
             if proc.poll() is not None:
@@ -165,7 +179,8 @@ def start(kind: str, code_root: Path | None, python: str, width: int, workdir: P
         info = json.loads(announce.read_text())
         return proc, {"control": info["control"], "ws": f"ws://127.0.0.1:{info['ws']}",
                       "secret": info["secret"]}
-    proc = subprocess.Popen([python, "-c", HUD_BRIDGE, str(width)], env=env, cwd=workdir,
+    env["PYTHONPATH"] = str(ROOT / "benchmarks")  # null_env, for the gymnasium id that imports it
+    proc = subprocess.Popen([python, "-c", HUD_BRIDGE, str(width), ENVS[ENV[0]][1]], env=env, cwd=workdir,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -197,7 +212,7 @@ def measure(label: str, kind: str, code_root: Path | None, python: str, args, wo
         client.kill()
         proc.terminate()
         proc.wait(10)
-    per = {k: (c1[k] - c0.get(k, 0.0)) / steps * 1e6 for k in c1}
+    per = {k: (c1[k] - c0.get(k, 0.0)) / steps * (1 if k == "sleeps" else 1e6) for k in c1}
     return {"label": label, "us": per, "rate": steps / (w1 - w0)}
 
 
@@ -213,10 +228,13 @@ def main() -> None:
     parser.add_argument("--no-hud", action="store_true", help="Skip the HUD SDK's GymBridge")
     parser.add_argument("--hud-python", default=sys.executable,
                         help="Interpreter with `hud` installed for the GymBridge run")
+    parser.add_argument("--env", default="pendulum", choices=sorted(ENVS),
+                        help="pendulum: Pendulum-v1; null: its spaces with a free step "
+                             "(benchmarks/null_env.py), so the bridges' own cost shows")
     parser.add_argument("--tick", default="lockstep", choices=("lockstep", "ready", "auto"),
                         help="Tick mode of pytest-hud bridges that have --tick (the others lockstep)")
     args = parser.parse_args()
-    TICK[0] = args.tick
+    TICK[0], ENV[0] = args.tick, args.env
     if args.client:
         asyncio.run(_lean_client(json.loads(args.client)))
         return
@@ -237,7 +255,9 @@ def main() -> None:
             for label, kind, root, python in setups:
                 rows.append(measure(label, kind, root, python, args, workdir))
                 r = rows[-1]
-                threads = "  ".join(f"{k} {v:6.1f}" for k, v in sorted(r["us"].items()) if k != "total" and v > 0.5)
+                threads = "  ".join(f"{k} {r['us'][k]:6.1f}" for k in ("main", "other threads", "user", "system")
+                                    if r["us"].get(k, 0.0) > 0.5)
+                threads += f"  sleeps/slot-step {r['us'].get('sleeps', 0.0):.2f}"
                 print(f"{label:<22} bridge CPU {r['us']['total']:6.1f} µs/slot-step   "
                       f"{r['rate']:7.0f} slot-steps/s   [{threads}]", flush=True)
         print("median over runs:")
