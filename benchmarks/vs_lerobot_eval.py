@@ -22,6 +22,8 @@ episodes, reports):
   every core);
 - ``hud-server-processes`` (not run by default): ``hud-server`` with ``--hud-vectorization=processes``
   (the bridge's 8 envs in one process per core, 4 each: the sim uses every core);
+- ``hud-server-processes-lockstep``, ``hud-server-processes-ready`` (not run by default): the same
+  with the tick mode named;
 - ``hud-server-threads`` (not run by default): ``hud-server`` with ``--hud-vectorization=threads``
   (the 8 envs on one thread per core in the bridge process). PushT is not safe on threads
   (``python -m pytest_hud.sim evals/sims/pusht.py:make_pusht --width 8 --check-threads`` finds
@@ -89,7 +91,15 @@ def load_maker():
     return module
 
 
-def run_timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
+WARM = ("import torch, lerobot.configs.policies, lerobot.policies.factory, lerobot.envs.utils, gym_pusht, "
+        "pytest, xdist.plugin, pytest_hud.plugin, pytest_hud.agent.server")
+
+
+def run_timed(command: list[str], env: dict[str, str], log: Path, python: Path) -> tuple[float, int]:
+    # Untimed, before every timed command: the same imports both sides make, so neither pays for
+    # reading torch's libraries back from disk (this machine's memory reclaim evicts them between
+    # runs: one lerobot-eval took 120 s instead of 50, its rollout 47 s).
+    subprocess.run([str(python), "-c", WARM], cwd=ROOT, env=env, capture_output=True)
     started = time.perf_counter()
     with open(log, "w") as out:
         code = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
@@ -117,7 +127,7 @@ def lerobot_eval(python_bin: Path, checkpoint: Path, args, scratch: Path, env: d
         *extra,
     ]
     log = scratch / f"{name}.log"
-    wall, code = run_timed(command, env, log)
+    wall, code = run_timed(command, env, log, python_bin)
     row = {"name": name, "command": " ".join(command), "wall_s": wall, "code": code, "log": log}
     info_file = output_dir / "eval_info.json"
     if info_file.is_file():
@@ -145,7 +155,7 @@ def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dic
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         command[3:3] = ["-p", "xdist.plugin", "-p", "pytest_hud.plugin"]
     log = scratch / f"{name}.log"
-    wall, code = run_timed(command, env, log)
+    wall, code = run_timed(command, env, log, python_bin)
     row = {"name": name, "command": " ".join(command[2:]), "wall_s": wall, "code": code, "log": log}
     if results.is_file():
         episodes = {}
@@ -173,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         "--setups", nargs="+",
         default=["lerobot-eval", "hud", "hud-1thread", "hud-server", "lerobot-eval-96", "lerobot-eval"],
         choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server",
-                 "hud-server-async", "hud-server-processes", "hud-server-threads", "hud-server-ready"],
+                 "hud-server-async", "hud-server-processes", "hud-server-processes-lockstep",
+                 "hud-server-processes-ready", "hud-server-threads", "hud-server-ready"],
         help="What to run, in this order; repeats allowed (the ratio uses the median lerobot-eval wall time)")
     parser.add_argument("--keep", type=Path, default=None, help="Keep logs and outputs here")
     parser.add_argument("--all-plugins", action="store_true",
@@ -217,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
             "hud-server-processes": lambda name: pytest_hud(
                 args.python, checkpoint, args, scratch, env, name,
                 ["--hud-policy-server", "--hud-vectorization=processes"]),
+            "hud-server-processes-lockstep": lambda name: pytest_hud(
+                args.python, checkpoint, args, scratch, env, name,
+                ["--hud-policy-server", "--hud-vectorization=processes", "--hud-tick=lockstep"]),
+            "hud-server-processes-ready": lambda name: pytest_hud(
+                args.python, checkpoint, args, scratch, env, name,
+                ["--hud-policy-server", "--hud-vectorization=processes", "--hud-tick=ready"]),
             "hud-server-threads": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                           ["--hud-policy-server", "--hud-vectorization=threads"]),
             "hud-server-ready": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,

@@ -55,7 +55,8 @@ OPTIONS: dict[str, Option] = {
                             "--check-threads)", ("sync", "async", "processes", "threads")),
     "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
                    "(the slots whose actions are in; independent envs only) or auto (lockstep with "
-                   "--hud-policy-server, so its batches fill; else ready where the sim supports it)",
+                   "--hud-policy-server and parallel vectorization, so its batches fill; else ready where "
+                   "the sim supports it)",
                    ("auto", "lockstep", "ready")),
     "tick_window": Option(float, 0.001, "Ready mode: seconds a tick waits for more actions after the first one arrives"),
     "io_thread": Option(bool, False, "Bridges serve their sockets on a thread apart from the sim's: they keep "
@@ -273,10 +274,13 @@ class HudSettings:
     @property
     def bridge_tick(self) -> str:
         """The tick mode bridges are started with. ``auto`` is lockstep when a batching policy server
-        answers the episodes: slots stepped together ask for their actions together, so the
-        server's batches fill (in ready mode the slots drift apart and each asks alone). Otherwise
-        ``auto`` is left to each bridge: ready where its sim can step a subset of its slots."""
-        return "lockstep" if self.tick == "auto" and self.policy_server else self.tick
+        answers the episodes and the bridge steps its envs in parallel (``processes``, ``threads``):
+        a tick then costs about one env's step, and slots stepped together ask the server together,
+        so its batches fill (in ready mode the slots drift apart and each asks alone). A one-thread
+        bridge is better left to ready mode, where the sim steps some slots while others wait for
+        the server; ``auto`` is then left to each bridge (ready where its sim supports it)."""
+        parallel = self.vectorization in ("processes", "threads")
+        return "lockstep" if self.tick == "auto" and self.policy_server and parallel else self.tick
 
     @property
     def timeouts(self) -> Timeouts:

@@ -212,7 +212,8 @@ def cartpole(num_envs):
 TICK = '''
 def test_tick(shared_sim, request):
     asked = request.config.getoption("hud_tick") or "auto"
-    if asked == "auto" and request.config.getoption("hud_policy_server"):
+    parallel = request.config.getoption("hud_vectorization") in ("processes", "threads")
+    if asked == "auto" and request.config.getoption("hud_policy_server") and parallel:
         asked = "lockstep"  # slots in step ask the batching policy server together
     assert shared_sim.stats()["tick"] == {"auto": "ready", "lockstep": "lockstep"}[asked]
 '''
@@ -222,9 +223,11 @@ def test_the_tick_mode_reaches_the_bridge_and_an_impossible_one_is_refused(proje
     project.makepyfile(batched=BATCHED, test_tick=TICK)
     for args in ([], ["--hud-tick=lockstep"]):  # one env per slot: auto is ready
         run(project, "-p", "no:xdist", "test_tick.py", *args).assert_outcomes(passed=1)
-    server = run(project, "-p", "no:xdist", "test_tick.py", "--hud-policy-server")
-    server.assert_outcomes(passed=1)
-    server.stdout.fnmatch_lines(["hud: sim=* tick=lockstep *"])
+    for vectorization, tick in (("sync", "auto"), ("processes", "lockstep")):
+        server = run(project, "-p", "no:xdist", "test_tick.py", "--hud-policy-server",
+                     f"--hud-vectorization={vectorization}")
+        server.assert_outcomes(passed=1)
+        server.stdout.fnmatch_lines([f"hud: sim=* tick={tick} *"])
     refused = run(project, "-p", "no:xdist", "test_tick.py", "--hud-sim=batched:cartpole", "--hud-tick=ready")
     refused.assert_outcomes(errors=1)
     refused.stdout.fnmatch_lines(["*tick mode 'ready' needs a sim whose slots are independent envs, but this "
