@@ -596,7 +596,7 @@ def test_check_threads_passes_an_env_that_is_the_same_on_threads_and_names_the_f
     differs = check(f"{SIMKIT}:thread_dependent")
     assert differs.returncode == 1
     assert ("observation 'state' differs at tick 0, slot(s) [0, 1, 2] between --vectorization sync and threads: "
-            "this env is not safe to step on several threads at once; use sync or async") in differs.stderr
+            "this env is not safe to step on several threads at once; use sync or processes") in differs.stderr
     bad = subprocess.run([sys.executable, "-m", "pytest_hud.sim", "Pendulum-v1", "--check-threads", "0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--check-threads takes a number of ticks >= 1, got 0" in bad.stderr

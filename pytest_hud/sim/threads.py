@@ -175,7 +175,7 @@ def check_threads(target: str, width: int, ticks: int = 100,
                 rows = np.flatnonzero(differs).tolist()
             where = f", slot(s) {rows}" if rows else ""
             return (f"{what} differs at tick {tick}{where} between --vectorization sync and threads: this env "
-                    "is not safe to step on several threads at once; use sync or async")
+                    "is not safe to step on several threads at once; use sync or processes")
     if len(reference) != len(threaded):
         return "the two runs handed out different numbers of values (episodes ended at different ticks)"
     return None
