@@ -8,13 +8,16 @@ command line beating the marker.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .agent.loop import Agent
-from .episode import Episode, EpisodeError, EpisodeResult
-from .session import HudSession, SharedSim, worker_session
+from .keys import worker_session
+
+if TYPE_CHECKING:  # imported when used: the plugin imports this module in every pytest process
+    from .agent.loop import Agent
+    from .episode import Episode, EpisodeResult
+    from .session import HudSession, SharedSim
 
 __all__ = ["RobotAgent", "shared_sim", "robot_agent", "hud_settings", "item_settings"]
 
@@ -32,6 +35,8 @@ class RobotAgent:
         self.max_steps = max_steps
 
     def agent_for(self, episode: Episode) -> Agent:
+        from .episode import EpisodeError
+
         if not self.policy:
             raise EpisodeError(
                 "no policy: pass --hud-policy (module:factory, a LeRobot checkpoint directory or a "

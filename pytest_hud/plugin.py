@@ -24,20 +24,30 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .controller import HudController
 from .fixtures import robot_agent, shared_sim  # noqa: F401 - the plugin's fixtures
-from .inputs import RunInputs, load_inputs
-from .session import SESSION_KEY, worker_session
+from .keys import CONTROLLER_KEY, SESSION_KEY, worker_session
 from .settings import OPTIONS, HudSettings, SettingsError, flag
 from .worker import LazyWorker, declare_episodes, note_deselected, start_worker, uses_hud
 
+if TYPE_CHECKING:
+    from .controller import HudController
+    from .inputs import RunInputs
+
 __all__ = ["CONTROLLER_KEY", "HudController", "worker_session"]
 
-CONTROLLER_KEY = pytest.StashKey[HudController]()
+
+def __getattr__(name: str) -> Any:
+    """``HudController`` on first use: pytest imports this module in every process where pytest-hud is
+    installed, and a run that never uses it should not pay for the controller's imports."""
+    if name == "HudController":
+        from .controller import HudController
+
+        return HudController
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------- options
@@ -75,11 +85,22 @@ def _distributed(config: pytest.Config) -> bool:
     return _has_xdist(config) and getattr(config.option, "dist", "no") != "no"
 
 
-def load_settings(config: pytest.Config) -> tuple[HudSettings, RunInputs]:
-    """The run's settings and inputs, checked and loaded; a bad one is a usage error. No side effects."""
+def build_settings(config: pytest.Config) -> HudSettings:
+    """The run's settings from the command line and the ini file; a bad one is a usage error."""
     cli, ini = _raw_options(config)
     try:
-        settings = HudSettings.build(cli, ini, workers=_num_workers(config), distributed=_distributed(config))
+        return HudSettings.build(cli, ini, workers=_num_workers(config), distributed=_distributed(config))
+    except SettingsError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def load_settings(config: pytest.Config, settings: HudSettings | None = None) -> tuple[HudSettings, RunInputs]:
+    """The run's settings and inputs, checked and loaded; a bad one is a usage error. No side effects."""
+    from .inputs import load_inputs
+
+    settings = settings or build_settings(config)
+    cli, ini = _raw_options(config)
+    try:
         return load_inputs(settings, config.invocation_params.dir,
                            video_explicit=bool(cli["video"] or ini["video"]),
                            report_html=getattr(config.option, "htmlpath", None))
@@ -108,18 +129,22 @@ def pytest_configure(config: pytest.Config) -> None:
         elif hud:
             config.pluginmanager.register(LazyWorker(config, hud), "hud-lazy")
         return
-    settings, inputs = load_settings(config)
     if _explicitly_used(config):
-        _activate(config, settings, inputs)
-    elif _distributed(config):
-        config.pluginmanager.register(LazyXdist(config, settings, inputs), "hud-lazy")
+        _activate(config, *load_settings(config))
+        return
+    # Nothing asks for pytest-hud yet: its inputs (and the modules that load them) wait until a
+    # collected test uses it.
+    settings = build_settings(config)
+    if _distributed(config):
+        config.pluginmanager.register(LazyXdist(config, settings), "hud-lazy")
     else:
-        config.pluginmanager.register(LazyLocal(config, settings, inputs), "hud-lazy")
+        config.pluginmanager.register(LazyLocal(config, settings), "hud-lazy")
 
 
 def _activate(config: pytest.Config, settings: HudSettings, inputs: RunInputs,
               xdist_hooks: bool = True, secret: str | None = None) -> HudController:
     """Create the controller (and, without xdist, this process's worker session); register hooks."""
+    from .controller import HudController
     from .report.junit import JunitErrors
 
     controller = HudController(config, settings, inputs, secret=secret)
@@ -179,8 +204,8 @@ class XdistHooks:
 class LazyLocal:
     """Without xdist and without hud settings: activate after collection if a test uses pytest-hud."""
 
-    def __init__(self, config: pytest.Config, settings: HudSettings, inputs: RunInputs) -> None:
-        self.config, self.settings, self.inputs = config, settings, inputs
+    def __init__(self, config: pytest.Config, settings: HudSettings) -> None:
+        self.config, self.settings = config, settings
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         note_deselected(self.config, items)
@@ -188,7 +213,7 @@ class LazyLocal:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if uses_hud(session.items) and self.config.stash.get(CONTROLLER_KEY, None) is None:
-            _late_header(self.config, _activate(self.config, self.settings, self.inputs))
+            _late_header(self.config, _activate(self.config, *load_settings(self.config, self.settings)))
             declare_episodes(session, worker_session(self.config))
 
 
@@ -201,10 +226,10 @@ class LazyXdist:
     then nothing exists: no directory, no thread, no port.
     """
 
-    def __init__(self, config: pytest.Config, settings: HudSettings, inputs: RunInputs) -> None:
+    def __init__(self, config: pytest.Config, settings: HudSettings) -> None:
         import tempfile
 
-        self.config, self.settings, self.inputs = config, settings, inputs
+        self.config, self.settings = config, settings
         self.secret = secrets.token_hex(16)
         self.rendezvous = Path(tempfile.gettempdir()) / f"pytest-hud-rendezvous-{secrets.token_hex(8)}"
         self.controller: HudController | None = None
@@ -221,7 +246,7 @@ class LazyXdist:
             return
         if not any(p.name.startswith("want-") for p in self.rendezvous.iterdir()):
             return
-        self.controller = _activate(self.config, self.settings, self.inputs, xdist_hooks=False,
+        self.controller = _activate(self.config, *load_settings(self.config, self.settings), xdist_hooks=False,
                                     secret=self.secret)
         _late_header(self.config, self.controller)
         tmp = self.rendezvous / "pool.json.tmp"

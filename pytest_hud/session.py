@@ -25,17 +25,11 @@ from .contract import Contract
 from .episode import Episode, EpisodeError
 from .report.recorder import Recorder, open_recorders
 from .rpc import RpcClient, RpcError
+from .keys import EPISODES_KEY, SESSION_KEY, worker_session
 from .settings import HudSettings
 
 __all__ = ["EPISODES_KEY", "SESSION_KEY", "HudSession", "SharedSim", "worker_session"]
 
-EPISODES_KEY = pytest.StashKey[list]()
-SESSION_KEY = pytest.StashKey["HudSession"]()
-
-
-def worker_session(config: pytest.Config) -> HudSession | None:
-    """The :class:`HudSession` of this process (None on an xdist controller or when inactive)."""
-    return config.stash.get(SESSION_KEY, None)
 
 
 class HudSession:

@@ -9,16 +9,17 @@ the episode's record (:mod:`pytest_hud.outcome`) on the test's report for the co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from . import __version__
 from .fixtures import hud_settings, item_settings
-from .outcome import classify, episode_identity, episode_record, skip_reason
-from .results import to_builtin
-from .session import EPISODES_KEY, SESSION_KEY, HudSession
+from .keys import EPISODES_KEY, SESSION_KEY
 from .settings import HudSettings
+
+if TYPE_CHECKING:
+    from .session import HudSession
 
 __all__ = ["EPISODE_FIXTURES", "LazyWorker", "WorkerHooks", "declaration", "episode_teststatus", "is_episode_item",
            "item_identity", "start_worker"]
@@ -38,6 +39,8 @@ def uses_hud(items: list[pytest.Item]) -> bool:
 
 def item_identity(item: pytest.Item) -> dict[str, Any]:
     """Task, episode id and seed of a test item (see :func:`pytest_hud.outcome.episode_identity`)."""
+    from .outcome import episode_identity
+
     callspec = getattr(item, "callspec", None)
     return episode_identity(item.nodeid, callspec.params if callspec is not None else None,
                             callspec.id if callspec is not None else None)
@@ -72,6 +75,8 @@ def select_shard(config: pytest.Config, items: list[pytest.Item], settings: HudS
 
 def start_worker(config: pytest.Config, hud: dict[str, Any], worker: int | None = None) -> HudSession:
     """Create this process's :class:`HudSession` from the controller's hand-off and register the hooks."""
+    from .session import HudSession
+
     if worker is None:
         worker = int(str(config.workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
     session = HudSession(hud.get("pool_host"), hud.get("pool_port"), hud["secret"], worker,
@@ -229,6 +234,8 @@ class WorkerHooks:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        from .results import to_builtin
+
         report = yield
         # Users may record numpy scalars: make every property crossable by the xdist channel.
         report.user_properties = [(str(k), to_builtin(v)) for k, v in report.user_properties]
@@ -248,6 +255,8 @@ class WorkerHooks:
         return report
 
     def _record(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> dict[str, Any]:
+        from .outcome import classify, episode_record, skip_reason
+
         episodes = item.stash.get(EPISODES_KEY, [])
         result = next((ep.result for ep in reversed(episodes) if ep.result is not None), None)
         grade = next((ep.grade_data for ep in reversed(episodes) if ep.grade_data is not None), None)

@@ -25,7 +25,10 @@ def snapshot(where):
     me = psutil.Process()
     listening = [c.laddr.port for c in me.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     children = [" ".join(p.cmdline()) for p in me.children(recursive=True)]
+    import sys
+    heavy = ("pytest_hud.controller", "pytest_hud.session", "pytest_hud.client", "pytest_hud.inputs", "numpy")
     return {"where": where, "threads": sorted(t.name for t in threading.enumerate()),
+            "hud_modules": [m for m in heavy if m in sys.modules],
             "listening": listening, "hud_children": [c for c in children if "pytest_hud" in c],
             "sigterm": str(__import__("signal").getsignal(__import__("signal").SIGTERM))}
 
@@ -94,6 +97,7 @@ def test_a_plain_project_sees_no_hud_thread_socket_child_or_property_rewrite(pyt
         assert snap["listening"] == [], snap
         assert snap["hud_children"] == [], snap
         assert "interrupt" not in snap["sigterm"], snap  # no SIGTERM handler of ours
+        assert snap["hud_modules"] == [], snap  # nor the imports of a run that uses pytest-hud
     assert list((pytester.path / "tmp").iterdir()) == []  # no pool or rendezvous directory
 
 
