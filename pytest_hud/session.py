@@ -23,13 +23,12 @@ from .agent.model import PolicyError, load_policy, policy_kind
 from .client import BridgeAddress, BridgeError, ControlClient
 from .contract import Contract
 from .episode import Episode, EpisodeError
+from .keys import EPISODES_KEY, SESSION_KEY, worker_session
 from .report.recorder import Recorder, open_recorders
 from .rpc import RpcClient, RpcError
-from .keys import EPISODES_KEY, SESSION_KEY, worker_session
 from .settings import HudSettings
 
 __all__ = ["EPISODES_KEY", "SESSION_KEY", "HudSession", "SharedSim", "worker_session"]
-
 
 
 class HudSession:

@@ -55,14 +55,14 @@ def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str
     try:
         sim = load_sim(target, width, "sync", build_args, control_rate)
         conn.send(("ok", (sim.contract().to_dict(), sim.supports_slot_step, sim.supports_slot_reset,
-                          tuple(sim.tasks), sim.observe())))
+                          sim.observe())))
     except BaseException:  # noqa: BLE001 - the bridge reports it with the target
         conn.send(("error", traceback.format_exc()))
         return
     try:
         while True:
             try:
-                call, args, kwargs = conn.recv()
+                call, args = conn.recv()
             except (EOFError, OSError):
                 return  # the bridge is gone
             if call == "close":
@@ -71,7 +71,7 @@ def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str
                 return
             try:
                 if call == "reset":
-                    out: Any = sim.reset_slots(*args, **kwargs)
+                    out: Any = sim.reset_slots(*args)
                 elif call == "step":
                     out = _batch_fields(sim.step(*args))
                 else:
@@ -100,9 +100,9 @@ class _Block:
     def slots(self) -> str:
         return f"{self.start}" if self.stop - self.start == 1 else f"{self.start}-{self.stop - 1}"
 
-    def send(self, call: str, *args: Any, **kwargs: Any) -> None:
+    def send(self, call: str, *args: Any) -> None:
         try:
-            self.conn.send((call, args, kwargs))
+            self.conn.send((call, args))
         except (OSError, EOFError):
             raise self._died() from None
 
@@ -138,21 +138,14 @@ class ProcessSim(VectorSim):
         except BaseException:
             self.close()
             raise
-        contracts = [Contract.from_dict(h[0]) for h in hellos]
-        self._contract = contracts[0]
+        # every block serves the same target, so the first block's contract is every block's
+        self._contract = Contract.from_dict(hellos[0][0])
         self.supports_slot_step = all(h[1] for h in hellos)
         self.supports_slot_reset = all(h[2] for h in hellos)
-        self.tasks = hellos[0][3]
-        self._obs = {key: np.concatenate([h[4][key] for h in hellos]) for key in hellos[0][4]}
+        self._obs = {key: np.concatenate([h[3][key] for h in hellos]) for key in hellos[0][3]}
 
     def contract(self) -> Contract:
         return self._contract
-
-    def _block_of(self, slot: int) -> _Block:
-        for block in self._blocks:
-            if block.start <= slot < block.stop:
-                return block
-        raise IndexError(f"slot {slot} is not one of this sim's {self.width}")
 
     def _take(self, block: _Block, obs: dict[str, np.ndarray]) -> None:
         for key, rows in obs.items():
@@ -172,21 +165,18 @@ class ProcessSim(VectorSim):
         return answers
 
     def reset_slots(self, indices: Sequence[int], seeds: Sequence[int | None],
-                    options: Sequence[Mapping[str, Any] | None], tasks: Sequence[str | None] | None = None,
-                    ) -> np.ndarray:
-        where: dict[int, list[int]] = {}
-        for n, slot in enumerate(indices):
-            where.setdefault(self._blocks.index(self._block_of(slot)), []).append(n)
-        blocks = [self._blocks[b] for b in where]
-        for b, ns in where.items():
-            block = self._blocks[b]
-            kwargs = {"tasks": [tasks[n] for n in ns]} if tasks is not None else {}
-            block.send("reset", [indices[n] - block.start for n in ns], [seeds[n] for n in ns],
-                       [options[n] for n in ns], **kwargs)
+                    options: Sequence[Mapping[str, Any] | None]) -> np.ndarray:
+        shares = []  # (block, positions in ``indices`` of its slots)
+        for block in self._blocks:
+            ns = [n for n, slot in enumerate(indices) if block.start <= slot < block.stop]
+            if ns:
+                block.send("reset", [indices[n] - block.start for n in ns], [seeds[n] for n in ns],
+                           [options[n] for n in ns])
+                shares.append((block, ns))
         flags = np.zeros(len(indices), bool)
-        for (b, ns), (block_flags, obs) in zip(where.items(), self._gather(blocks)):
+        for (block, ns), (block_flags, obs) in zip(shares, self._gather([b for b, _ in shares])):
             flags[ns] = np.asarray(block_flags, bool)
-            self._take(self._blocks[b], obs)
+            self._take(block, obs)
         return flags
 
     def step(self, actions: np.ndarray) -> StepBatch:
