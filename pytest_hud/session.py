@@ -76,7 +76,10 @@ class HudSession:
         return artefacts
 
     def _pool_address(self) -> tuple[str, int]:
-        """The pool's address; in a lazily started run, wait for the controller to write it."""
+        """The pool's address; in a lazily started run, wait for the controller to write it.
+
+        A lazily started controller also writes the settings it checked and completed (videos' and
+        traces' absolute paths, video turned off without PyAV): this worker's were built before that."""
         if self.pool_port is None:
             path = Path(self.rendezvous or "") / "pool.json"
             deadline = time.monotonic() + self.settings.boot_timeout
@@ -86,6 +89,8 @@ class HudSession:
                 time.sleep(0.02)
             data = json.loads(path.read_text())
             self.pool_host, self.pool_port = data["host"], int(data["port"])
+            if "settings" in data:
+                self.settings = HudSettings.from_dict(data["settings"])
         return str(self.pool_host), int(self.pool_port)
 
     @property

@@ -114,9 +114,10 @@ def test_killed(shared_sim, seed):
             # controller writes to it can turn into an INTERNALERROR of the whole run (a known
             # xdist race, pytest-dev/pytest-xdist#204), which is not what this drill is about.
             time.sleep(0.5)
-            Path(f"kill-{{seed}}.json").write_text(json.dumps({{
+            Path(f"kill-{{seed}}.tmp").write_text(json.dumps({{
                 "slot": ep.slot, "steps": KILL_AT[seed], "t": time.time(), "address": ep.address.to_dict(),
             }}))
+            os.replace(f"kill-{{seed}}.tmp", f"kill-{{seed}}.json")  # the watcher never reads half a file
             os.kill(os.getpid(), signal.SIGKILL)  # mid-episode: a claimed, live slot
 
 @pytest.mark.parametrize("seed", range(12))
@@ -143,7 +144,7 @@ def watch_kills(path: Path, seen: dict[int, float], stop: threading.Event) -> No
                 with ControlClient(BridgeAddress.from_dict(info["address"]), timeout=5) as control:
                     while control.stats()["slots"][info["slot"]] == before and time.time() - info["t"] < 10:
                         time.sleep(0.005)
-            except BridgeError:
+            except (BridgeError, OSError):
                 pass  # the run ended first: the episode lines will tell
             seen[seed] = time.time() - info["t"]
         time.sleep(0.01)

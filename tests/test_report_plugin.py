@@ -113,6 +113,8 @@ def test_pytest_html_gets_episode_columns_when_the_plugin_activates_after_sessio
     assert "INTERNALERROR" not in result.stdout.str()
     page = (project.path / "report.html").read_text()
     assert 'data-column-type="hud_task"' in page and "col-hud_seed" in page
+    # the workers record with the settings the controller completed on activation (videos beside --html)
+    assert len(list((project.path / "hud-videos").glob("*.mp4"))) == 2
 
 
 @needs_chromium
