@@ -117,7 +117,15 @@ class HudController:
 
     # ------------------------------------------------- the pool service's calls
     def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = (),
-                 shard: dict[str, Any] | None = None) -> int:
+                 shard: dict[str, Any] | None = None, policies: list[str] = ()) -> int:
+        from .agent.model import PolicyError, policy_kind
+
+        for spec in policies:  # --hud-policy-server: the policies this worker's tests will ask a server for
+            try:
+                if policy_kind(spec) != "openpi":
+                    self.pool.prestart_policy_server(spec, worker)
+            except PolicyError:
+                pass  # the test that uses it reports the bad spec
         with self._lock:
             count = self.ledger.declare(episodes, deselected, shard)
             if shard is not None and "shard" not in self.provenance:

@@ -103,6 +103,7 @@ class LocalLauncher:
     """Today's backend: children of the controller, in a new session, announcing into ``workdir``."""
 
     remote = False
+    prestarts = True  #: may start a policy server before its contract exists (see ``SimPool.prestart_policy_server``)
 
     def __init__(self, workdir: Any, host: str = "127.0.0.1", cwd: str | None = None) -> None:
         self._workdir = workdir  # a callable: the pool makes its 0700 directory on first use
@@ -116,7 +117,9 @@ class LocalLauncher:
         return "bridges spawned on demand"
 
     def launch(self, cmd: list[str], what: str, *, role: str, env: Mapping[str, str], timeout: float,
-               files: Mapping[str, str] | None = None) -> LocalService:
+               files: Mapping[str, str] | None = None, clock: threading.Event | None = None) -> LocalService:
+        """Start ``cmd`` and wait for its announce. ``clock``: the ``timeout`` counts from when it is
+        set (a prestarted server waits for its contract first); until then only an exit ends the wait."""
         workdir: Path = self._workdir()
         with self._lock:
             self._count += 1
@@ -138,11 +141,13 @@ class LocalLauncher:
                                        cwd=self.cwd, env=child_env, start_new_session=True)
         with self._lock:
             self._children.append(process)
-        deadline = time.monotonic() + timeout
+        deadline = None if clock is not None else time.monotonic() + timeout
         while not announce.exists():
             if process.poll() is not None:
                 raise LaunchError(f"{what} exited with code {process.returncode} while starting:\n{log_tail(log)}")
-            if time.monotonic() > deadline:
+            if deadline is None and clock is not None and clock.is_set():
+                deadline = time.monotonic() + timeout
+            if deadline is not None and time.monotonic() > deadline:
                 terminate(process)
                 raise LaunchError(f"{what} did not announce itself within {timeout:.0f} s (--hud-boot-timeout); "
                                   f"its log:\n{log_tail(log)}")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import BridgeAddress
-from .launcher import LaunchError, Launcher, LocalLauncher, Service
+from .launcher import Launcher, LaunchError, LocalLauncher, Service
 from .rpc import RpcError, RpcServer
 
 __all__ = ["PoolError", "BridgeSpec", "SimPool", "PoolService"]
@@ -58,6 +58,17 @@ class BridgeSpec:
 
 
 @dataclass
+class _Prestart:
+    """A policy server started before its contract: it waits for ``contract_path`` to appear."""
+
+    contract_path: Path
+    delivered: threading.Event = field(default_factory=threading.Event)  #: the contract is written
+    done: threading.Event = field(default_factory=threading.Event)  #: announced, or failed
+    service: Service | None = None
+    error: BaseException | None = None
+
+
+@dataclass
 class _Bridge:
     key: tuple[str, str, int]
     process: Service  # poll() as subprocess.Popen's, wherever it runs
@@ -84,6 +95,8 @@ class SimPool:
         self._bridges: dict[tuple, _Bridge] = {}
         self._retired: list[_Bridge] = []
         self._servers: dict[tuple, tuple[Service, dict[str, Any]]] = {}
+        self._prestarts: dict[tuple[str, int], _Prestart] = {}  # (spec, replica) -> a server awaiting its contract
+        self._prestarted = 0
         self.closed = False
 
     # ---------------------------------------------------------------- routing
@@ -126,13 +139,71 @@ class SimPool:
                 self._workdir = Path(tempfile.mkdtemp(prefix="pytest-hud-"))  # mkdtemp makes it 0700
             return self._workdir
 
-    def _launch(self, cmd: list[str], what: str, role: str, files: dict[str, str] | None = None) -> Service:
+    def _launch(self, cmd: list[str], what: str, role: str, files: dict[str, str] | None = None,
+                clock: threading.Event | None = None) -> Service:
         """Start a service through the launcher; it announces itself (or its failure is raised)."""
         env = {SECRET_ENV: self.secret, "SDL_VIDEODRIVER": os.environ.get("SDL_VIDEODRIVER", "dummy")}
         paths = [p for p in self.spec.python_path if p] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        return self.launcher.launch(cmd, what, role=role, env=env, timeout=self.spec.boot_timeout, files=files)
+        late = {"clock": clock} if clock is not None else {}  # only launchers that prestart take a clock
+        return self.launcher.launch(cmd, what, role=role, env=env, timeout=self.spec.boot_timeout, files=files,
+                                    **late)
+
+    def prestart_policy_server(self, spec: str, worker: int = 0) -> bool:
+        """Start ``spec``'s policy server for ``worker``'s replica now, before any worker has a contract.
+
+        The server imports what the policy needs (torch and LeRobot take seconds) while the sims
+        boot, then waits for the contract that :meth:`policy_server_for` hands it. The boot timeout
+        counts from that hand-off. Local launchers only (the contract file must reach the server);
+        one waiting server per (spec, replica); True if one was started. A server that no worker
+        asks for waits, idle, until the run ends.
+        """
+        if not getattr(self.launcher, "prestarts", False):
+            return False
+        replica = worker % self.policy_replicas
+        workdir = self.workdir
+        with self._lock:
+            if self.closed or (spec, replica) in self._prestarts or any(
+                    key[1] == spec and key[3] == replica for key in self._servers):
+                return False
+            self._prestarted += 1
+            pending = _Prestart(workdir / f"contract-{self._prestarted}.json")
+            self._prestarts[(spec, replica)] = pending
+
+        def start() -> None:
+            try:
+                pending.service = self._launch(
+                    [*self._server_cmd(spec), "--contract-wait", str(pending.contract_path)],
+                    f"policy server for {spec!r}", "policy", clock=pending.delivered)
+            except BaseException as exc:  # noqa: BLE001 - handed to the worker that takes this server
+                pending.error = exc
+            finally:
+                pending.done.set()
+
+        threading.Thread(target=start, name=f"hud-prestart-{self._prestarted}", daemon=True).start()
+        return True
+
+    @staticmethod
+    def _server_cmd(spec: str) -> list[str]:
+        # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
+        # API key when given none; workers send the secret (session.HudSession.agent).
+        return ["-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0"]
+
+    def _prestarted_server(self, spec: str, replica: int, contract: dict[str, Any]) -> Service | None:
+        """The prestarted server for (spec, replica), given ``contract`` and announced; None if there is none."""
+        with self._lock:
+            pending = self._prestarts.pop((spec, replica), None)
+        if pending is None:
+            return None
+        tmp = pending.contract_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(contract))
+        os.replace(tmp, pending.contract_path)  # the server polls for the file: never half of it
+        pending.delivered.set()
+        pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.service
 
     def policy_server_for(self, spec: str, contract: dict[str, Any] | None = None, worker: int = 0) -> dict[str, Any]:
         """This worker's policy server for ``spec``: ``{"url", "node", "host"}`` (started on first request).
@@ -150,14 +221,13 @@ class SimPool:
             known = self._servers.get(key)
             if known is not None and known[0].poll() is None:
                 return known[1]
-            # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
-            # API key when given none; workers send the secret (session.HudSession.agent).
-            cmd = ["-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0"]
-            files = None
-            if contract:
-                files = {"contract.json": json.dumps(contract)}
-                cmd += ["--contract", "{dir}/contract.json"]
-            service = self._launch(cmd, f"policy server for {spec!r}", "policy", files)
+            service = self._prestarted_server(spec, replica, contract) if contract else None
+            if service is None:
+                cmd, files = self._server_cmd(spec), None
+                if contract:
+                    files = {"contract.json": json.dumps(contract)}
+                    cmd += ["--contract", "{dir}/contract.json"]
+                service = self._launch(cmd, f"policy server for {spec!r}", "policy", files)
             data = service.announce
             url = data.get("url") or f"ws://{data.get('host', self.spec.host)}:{data['ws']}"
             reply = {"url": url, "node": service.node, "host": data.get("host"), "replica": replica}

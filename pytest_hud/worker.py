@@ -90,19 +90,23 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     """This run's episodes (after -k/-m deselection) and the deselected tasks, for the controller."""
     if session.config.option.collectonly:
         return None  # nothing will run: declare nothing, so nothing is written
-    declared = []
+    declared, served = [], set()
     for item in session.items:
         if is_episode_item(item):
             ident = item_identity(item)
-            floor = item_settings(item, hud).min_success
-            if floor is not None:
-                ident["min_success"] = floor
+            settings = item_settings(item, hud)
+            if settings.min_success is not None:
+                ident["min_success"] = settings.min_success
             declared.append(ident)
+            if hud.settings.policy_server and settings.policy and "robot_agent" in getattr(item, "fixturenames", ()):
+                served.add(settings.policy)
     deselected = sorted({item_identity(i)["task"] for i in session.config.stash.get(DESELECTED_KEY, [])})
     shard = session.config.stash.get(SHARD_KEY, None)
     if not declared and not deselected and shard is None:
         return None
     data = {"episodes": declared, "worker": hud.worker, "deselected": deselected}
+    if served:  # the pool starts their servers now, while the sims boot (SimPool.prestart_policy_server)
+        data["policies"] = sorted(served)
     if shard is not None:  # the whole suite too: the gate and the merge need the other shards' episodes
         data["shard"] = {key: shard[key] for key in ("index", "count", "suite")}
     return data

@@ -74,8 +74,8 @@ from websockets.asyncio.server import Request, Response, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
-from ..contract import flatten_observation
 from ..announce import parent_alive, write_announce
+from ..contract import flatten_observation
 from ..wire import MAX_FRAME_BYTES, NotAMapError, TextFrameError, WireError, packb, unpack_map
 from .remote import API_KEY_ENV
 
@@ -502,6 +502,34 @@ def load_server_policy(spec: str, contract_path: str | None = None, device: str 
     return load_policy(spec, None, device=device)  # type: ignore[arg-type]
 
 
+def preload_policy_modules(spec: str) -> None:
+    """Import what loading ``spec`` will import (torch, LeRobot's policy factory and the checkpoint's
+    policy class; a factory's module), before its contract is known. Best effort: whatever fails here
+    fails again in the real load, which reports it."""
+    from .model import policy_kind
+
+    with contextlib.suppress(Exception):
+        kind = policy_kind(spec)
+        if kind == "lerobot":
+            from .lerobot import preload_checkpoint_modules
+
+            preload_checkpoint_modules(spec)
+        elif kind == "factory":
+            from ..sim.target import resolve_factory
+
+            resolve_factory(spec)
+
+
+def wait_for_contract(path: str, parent: int) -> bool:
+    """Wait until ``path`` exists (the pool writes it atomically once a worker has the sim's contract);
+    False if the parent died first."""
+    while not os.path.exists(path):
+        if parent > 1 and not parent_alive(parent):
+            return False
+        time.sleep(0.01)
+    return True
+
+
 # ------------------------------------------------------------------------------ CLI
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -512,8 +540,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="A LeRobot checkpoint directory, 'module:factory' or 'path/to/file.py:factory'")
     p.add_argument("--port", type=int, default=8000, help="Port to bind (0: any free port; default 8000)")
     p.add_argument("--host", default="127.0.0.1", help="Interface to bind (loopback by default)")
-    p.add_argument("--contract", default=None,
-                   help="Load the policy for this contract.json (checked up front)")
+    contract = p.add_mutually_exclusive_group()
+    contract.add_argument("--contract", default=None,
+                          help="Load the policy for this contract.json (checked up front)")
+    contract.add_argument("--contract-wait", default=None, metavar="PATH",
+                          help="Start now: import what the policy needs, then wait for PATH (a contract.json "
+                               "written later) and load the policy for it (pytest-hud's pool starts its "
+                               "servers this way while the sim boots)")
     p.add_argument("--batch-window-ms", type=float, default=2.0,
                    help="How long the first waiting request waits for others to join its batch")
     p.add_argument("--max-batch", type=int, default=0,
@@ -604,6 +637,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local folder; never reach out
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if args.contract_wait:
+        preload_policy_modules(args.policy)
+        if not wait_for_contract(args.contract_wait, parent):
+            return 0  # the run ended before any worker needed this server
+        args.contract = args.contract_wait
     try:
         model = load_server_policy(args.policy, args.contract, args.device)
     except Exception as exc:  # noqa: BLE001 - any load failure is reported the same way

@@ -1,0 +1,230 @@
+"""Policy servers started before their contract exists (``--hud-policy-server``): the pool starts one
+when a worker declares tests that will ask for it, so the server's imports overlap the sims' boot,
+and hands it the contract later. Real server subprocesses, a real pool, a real pytest run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import psutil
+import pytest
+
+from conftest import stop
+from pytest_hud.agent.remote import RemotePolicy
+from pytest_hud.contract import derive_contract
+from pytest_hud.launcher import StaticLauncher
+from pytest_hud.pool import BridgeSpec, SimPool
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The action width comes from the contract the server was loaded for: the reply shows which one it got.
+CONTRACTED = '''
+import numpy as np
+
+class Sized:
+    def __init__(self, width):
+        self.width = width
+
+    def predict(self, observation, prompt=None):
+        return np.full((1, self.width), float(np.asarray(observation["state"]).sum()), np.float32)
+
+def sized(contract):
+    return Sized(contract.action_dim)
+'''
+
+
+def contract_dict(actions: int) -> dict:
+    """A contract with a 2-number state and ``actions`` numbers per action."""
+    state = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action = gym.spaces.Box(-1.0, 1.0, (actions,), np.float32)
+    return derive_contract(state, action, np.zeros(2, np.float32)).to_dict()
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> str:
+    (tmp_path / "contracted.py").write_text(CONTRACTED)
+    return f"{tmp_path / 'contracted.py'}:sized"
+
+
+def serve_waiting(tmp_path: Path, spec: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+    announce, contract = tmp_path / "policy.json", tmp_path / "contract.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
+         "--contract-wait", str(contract), "--announce", str(announce), *extra],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_HUD_SECRET"},
+    )
+    return proc, announce, contract
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------------ the server
+def test_a_waiting_server_announces_only_once_its_contract_arrives_and_loads_for_it(tmp_path, spec):
+    proc, announce, contract = serve_waiting(tmp_path, spec)
+    try:
+        time.sleep(1.5)  # imports done; no contract: no announce
+        assert proc.poll() is None and not announce.exists()
+        contract.write_text(json.dumps(contract_dict(3)))  # three numbers per action
+        served = wait_for(announce, proc)
+        with RemotePolicy(served["url"], timeout=10) as policy:
+            chunk = policy.predict({"state": np.array([1.0, 2.0, 0.5], np.float32)})
+        np.testing.assert_array_equal(chunk, np.full((1, 3), 3.5, np.float32))
+    finally:
+        stop(proc)
+
+
+def test_contract_wait_and_contract_are_exclusive_and_a_bad_contract_is_reported(tmp_path, spec):
+    done = subprocess.run([sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
+                           "--contract", "a.json", "--contract-wait", "b.json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "not allowed with argument" in done.stderr
+    proc, announce, contract = serve_waiting(tmp_path, spec)
+    try:
+        contract.write_text("{not json")
+        assert proc.wait(60) == 2
+        assert "cannot load policy" in proc.stderr.read()
+    finally:
+        stop(proc)
+
+
+def test_a_waiting_server_exits_when_its_parent_dies(tmp_path, spec):
+    cmd = [sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
+           "--contract-wait", str(tmp_path / "contract.json")]
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, time; subprocess.Popen({cmd!r}); "
+                               "time.sleep(60)"], cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := psutil.Process(parent.pid).children()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (server,) = children
+        time.sleep(1.0)
+        assert server.is_running() and server.status() != psutil.STATUS_ZOMBIE  # waiting
+        parent.kill()
+        parent.wait(5)
+        server.wait(15)  # psutil.TimeoutExpired if it outlives its parent
+    finally:
+        stop(parent)
+
+
+# -------------------------------------------------------------------------------- the pool
+def pool_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True)
+            if "pytest_hud.agent.server" in " ".join(p.cmdline())]
+
+
+def test_the_pool_hands_its_prestarted_server_the_contract_and_the_boot_clock_starts_then(spec):
+    # A 2 s boot timeout: the contract comes 3 s after the prestart, which must not count.
+    pool = SimPool("s3cret", BridgeSpec(width=1, boot_timeout=2.0, cwd=str(REPO)), workers=1)
+    try:
+        assert pool.prestart_policy_server(spec, worker=0)
+        assert not pool.prestart_policy_server(spec, worker=0)  # one waiting server per (spec, replica)
+        time.sleep(3.0)
+        (started,) = pool_children()
+        reply = pool.policy_server_for(spec, contract_dict(2), worker=0)
+        assert reply["url"].endswith(f":{json.loads(next(pool.workdir.glob('policy-*.json')).read_text())['ws']}")
+        assert pool_children() == [started]  # the prestarted one: no second server
+        with RemotePolicy(reply["url"], timeout=10, api_key="s3cret") as policy:
+            chunk = policy.predict({"state": np.array([0.25, 0.5], np.float32)})
+        np.testing.assert_array_equal(chunk, np.full((1, 2), 0.75, np.float32))
+        # Another contract for the same policy: a server of its own, started the usual way.
+        other = pool.policy_server_for(spec, contract_dict(4), worker=0)
+        assert other["url"] != reply["url"] and len(pool_children()) == 2
+        assert not pool.prestart_policy_server(spec, worker=0)  # it has servers now
+    finally:
+        pool.stop_all()
+    assert not pool_children()
+
+
+def test_a_prestarted_server_nobody_asks_for_is_stopped_with_the_run(spec):
+    pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
+    try:
+        assert pool.prestart_policy_server(spec, worker=0)
+        deadline = time.monotonic() + 30
+        while not pool_children():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        pool.stop_all(timeout=5)
+    assert not pool_children()
+
+
+def test_launchers_that_cannot_hand_over_a_file_do_not_prestart(spec):
+    pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1, launcher=StaticLauncher({}))
+    try:
+        assert not pool.prestart_policy_server(spec, worker=0)
+    finally:
+        pool.stop_all()
+
+
+# ------------------------------------------------------------------------------- a pytest run
+PROJECT = '''
+import json, os, sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+def cartpole():
+    return gym.make("CartPole-v1", max_episode_steps=20)
+
+class Push:
+    def predict(self, observation, prompt=None):
+        return np.asarray([1])
+
+def push():
+    with open("push-server.json", "w") as fh:
+        json.dump({"pid": os.getpid(), "argv": sys.argv}, fh)
+    return Push()
+
+@pytest.mark.parametrize("seed", range(4))
+def test_push(shared_sim, robot_agent, seed):
+    assert robot_agent.run(shared_sim.episode(seed=seed)).steps > 0
+
+@pytest.mark.hud(policy="unused_policy:factory")
+def test_skipped_before_its_episode(shared_sim, robot_agent):
+    pytest.skip("never asks for its policy")
+'''
+
+UNUSED = '''
+import os
+from pathlib import Path
+
+Path("unused-imported.txt").write_text(str(os.getpid()))  # the waiting server imports its module
+
+def factory():
+    raise AssertionError("never loaded: no test asks for this policy")
+'''
+
+
+@pytest.mark.timeout(240)
+def test_a_run_prestarts_its_servers_and_leaves_none_behind(pytester: pytest.Pytester):
+    pytester.makepyfile(test_project=PROJECT, unused_policy=UNUSED)
+    pytester.makeini("[pytest]\nhud_sim = test_project:cartpole\nhud_policy = test_project:push\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2",
+                                           "--hud-policy-server", timeout=200)
+    result.assert_outcomes(passed=4, skipped=1)
+    served = json.loads((pytester.path / "push-server.json").read_text())
+    assert "--contract-wait" in served["argv"]  # prestarted, then handed the contract
+    # The unused policy's server was prestarted too (it imported its module) and waited for a
+    # contract that never came; it was stopped with the run.
+    waiting = int((pytester.path / "unused-imported.txt").read_text())
+    for pid in (served["pid"], waiting):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
