@@ -56,8 +56,9 @@ def reference(task, seed):
     return np.array(seen)
 
 
-def test_concurrent_claims_for_different_tasks_share_one_bridge(bridge):
-    address = bridge(MULTITASK, 3)
+@pytest.mark.parametrize("vectorization", ["sync", "processes"])
+def test_concurrent_claims_for_different_tasks_share_one_bridge(bridge, vectorization):
+    address = bridge(MULTITASK, 3, "--vectorization", vectorization)
     results = {}
     barrier = threading.Barrier(len(TASKS))
 
@@ -77,9 +78,31 @@ def test_concurrent_claims_for_different_tasks_share_one_bridge(bridge):
     with ControlClient(address) as control:
         stats = control.stats()
     assert stats["tasks"] == list(TASKS)
-    # one env per slot for its task, plus the first task's env that slot 0 built for the contract
-    # when another task's claim got there first
-    assert stats["sim"]["builds"] in (3, 4)
+    if vectorization == "sync":
+        # one env per slot for its task, plus the first task's env that slot 0 built for the contract
+        # when another task's claim got there first
+        assert stats["sim"]["builds"] in (3, 4)
+    else:
+        # the slots split across processes (one per core, at most 3), each block's sim built its own
+        # first-task env for the contract: the per-slot caches show where each claim ran
+        assert 1 <= stats["sim"]["processes"] <= 3 and len(stats["sim"]["cached"]) == 3
+        for slot, cached in enumerate(stats["sim"]["cached"]):
+            ran = [task for task, r in results.items() if r[0] == slot]
+            assert cached[-1] == ran[0], (slot, cached, ran)
+
+
+def test_multitask_episodes_are_the_same_in_processes_after_task_switches(bridge):
+    """A task and seed give the same episode in a block process, on any slot, after other tasks."""
+    address = bridge(MULTITASK, 3, "--vectorization", "processes", "--build-args", '{"cache_size": 1}')
+    expected = reference("up", 9)
+    for task in ("left", "right"):
+        play(address, 2, task, build={"cache_size": 1})
+    slot, prompt, seen, _ = play(address, 9, "up", hold_others=2, build={"cache_size": 1})
+    assert slot == 2 and prompt == "up"
+    np.testing.assert_array_equal(seen, expected)
+    with ControlClient(address) as control:
+        stats = control.stats()
+    assert stats["sim"]["switches"] >= 1  # slot 0's one-env cache rebuilt for other tasks
 
 
 def test_a_task_and_seed_give_the_same_episode_on_any_slot_width_and_after_other_tasks(bridge):

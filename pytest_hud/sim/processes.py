@@ -1,11 +1,15 @@
 """A bridge's slots split across a few processes: ``--hud-vectorization=processes``.
 
-For single-env targets whose step costs milliseconds of CPU (rendering, physics), one bridge
-process steps its envs one after another on one core. ``async`` vectorization puts every env in a
+For targets whose slots are independent envs (single-env targets, and factories taking
+``num_envs`` whose sim steps slots one at a time: ``supports_slot_step``, e.g. a
+:class:`~pytest_hud.sim.multitask.MultiTaskSim` such as Meta-World MT10) and whose step costs
+milliseconds of CPU (rendering, physics), one bridge process steps its envs one after another on
+one core. ``async`` vectorization puts every env in a
 process of its own (gymnasium's ``AsyncVectorEnv``): on a machine with fewer cores than slots that
 is many processes to boot and to wake every tick. ``processes`` starts one process per core (never
 more than the slots) and gives each a contiguous block of slots, served by the same ``sync``
-adapter a one-process bridge uses; a call goes to every process concerned at once and returns when
+adapter a one-process bridge uses (or, for a ``num_envs`` factory, the factory's own sim of the
+block's width); a call goes to every process concerned at once and returns when
 all have answered. Each env lives in one process for its whole life and nothing is shared between
 processes, so every episode is what it is under ``sync`` (a test proves it).
 
@@ -45,6 +49,11 @@ def _exit_with_parent(parent: int) -> None:
             os._exit(1)
 
 
+def _stats(sim: VectorSim) -> Any:
+    stats = getattr(sim, "stats", None)
+    return stats() if callable(stats) else None
+
+
 def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str, Any],
            control_rate: float | None) -> None:
     """A block's process: build the sim, then answer the bridge's calls until closed."""
@@ -55,7 +64,7 @@ def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str
     try:
         sim = load_sim(target, width, "sync", build_args, control_rate)
         conn.send(("ok", (sim.contract().to_dict(), sim.supports_slot_step, sim.supports_slot_reset,
-                          sim.observe())))
+                          sim.observe(), tuple(getattr(sim, "tasks", ()) or ()), _stats(sim))))
     except BaseException:  # noqa: BLE001 - the bridge reports it with the target
         conn.send(("error", traceback.format_exc()))
         return
@@ -71,7 +80,11 @@ def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str
                 return
             try:
                 if call == "reset":
-                    out: Any = sim.reset_slots(*args)
+                    indices, seeds, options, tasks = args
+                    # a multi-task sim takes each slot's task; other sims are never passed one
+                    flags = (sim.reset_slots(indices, seeds, options) if tasks is None
+                             else sim.reset_slots(indices, seeds, options, tasks=tasks))
+                    out: Any = (flags, _stats(sim))  # its counters change on resets (env builds)
                 elif call == "step":
                     out = _batch_fields(sim.step(*args))
                 else:
@@ -138,11 +151,13 @@ class ProcessSim(VectorSim):
         except BaseException:
             self.close()
             raise
-        # every block serves the same target, so the first block's contract is every block's
+        # every block serves the same target, so the first block's contract (and tasks) is every block's
         self._contract = Contract.from_dict(hellos[0][0])
         self.supports_slot_step = all(h[1] for h in hellos)
         self.supports_slot_reset = all(h[2] for h in hellos)
         self._obs = {key: np.concatenate([h[3][key] for h in hellos]) for key in hellos[0][3]}
+        self.tasks = hellos[0][4]
+        self._block_stats = [h[5] for h in hellos]  # each block's counters, as of its last reset
 
     def contract(self) -> Contract:
         return self._contract
@@ -165,17 +180,19 @@ class ProcessSim(VectorSim):
         return answers
 
     def reset_slots(self, indices: Sequence[int], seeds: Sequence[int | None],
-                    options: Sequence[Mapping[str, Any] | None]) -> np.ndarray:
+                    options: Sequence[Mapping[str, Any] | None],
+                    tasks: Sequence[str | None] | None = None) -> np.ndarray:
         shares = []  # (block, positions in ``indices`` of its slots)
         for block in self._blocks:
             ns = [n for n, slot in enumerate(indices) if block.start <= slot < block.stop]
             if ns:
                 block.send("reset", [indices[n] - block.start for n in ns], [seeds[n] for n in ns],
-                           [options[n] for n in ns])
+                           [options[n] for n in ns], None if tasks is None else [tasks[n] for n in ns])
                 shares.append((block, ns))
         flags = np.zeros(len(indices), bool)
-        for (block, ns), (block_flags, obs) in zip(shares, self._gather([b for b, _ in shares])):
+        for (block, ns), ((block_flags, stats), obs) in zip(shares, self._gather([b for b, _ in shares])):
             flags[ns] = np.asarray(block_flags, bool)
+            self._block_stats[self._blocks.index(block)] = stats
             self._take(block, obs)
         return flags
 
@@ -212,6 +229,25 @@ class ProcessSim(VectorSim):
 
     def observe(self) -> dict[str, np.ndarray]:
         return self._obs
+
+    def stats(self) -> dict[str, Any] | None:
+        """The blocks' own counters (a multi-task sim's env builds, ...) as of their last reset, merged:
+        numbers add up, per-slot lists join in slot order; None when the sim keeps none. No pipe
+        traffic: the bridge asks from its I/O thread while the sim's thread may be stepping."""
+        parts = [part for part in self._block_stats if part is not None]
+        if not parts:
+            return None
+        merged: dict[str, Any] = {}
+        for key in parts[0]:
+            values = [part.get(key) for part in parts]
+            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                merged[key] = sum(values)
+            elif all(isinstance(v, list) for v in values):
+                merged[key] = [item for v in values for item in v]
+            else:
+                merged[key] = values
+        merged["processes"] = len(self._blocks)
+        return merged
 
     def close(self) -> None:
         if self._closed:

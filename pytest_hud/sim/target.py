@@ -111,7 +111,16 @@ def load_sim(
         _check_gym_id(target)
     elif _accepts_num_envs(factory) or (isinstance(factory, type) and issubclass(factory, VectorSim)):
         built = factory(num_envs=width, **kwargs) if _accepts_num_envs(factory) else factory(width, **kwargs)
-        return _as_vector_sim(built, width, control_rate)
+        sim = _as_vector_sim(built, width, control_rate)
+        if vectorization == "processes" and sim.supports_slot_step and width > 1:
+            # Independent envs (a multi-task sim, a SyncVectorEnv): split them across processes, each
+            # building the factory's sim for its block. A natively batched sim keeps its one process.
+            from .processes import ProcessSim
+            from .threads import default_threads
+
+            sim.close()
+            return ProcessSim(target, width, kwargs, control_rate, default_threads(width))
+        return sim
     make_one = EnvMaker(target, kwargs, factory)
     probe = make_one()
     if isinstance(probe, VectorSim | VectorEnv):

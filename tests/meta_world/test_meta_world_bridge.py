@@ -68,9 +68,11 @@ def reference(task, seed, actions):
     return frames
 
 
-def test_slots_rendering_different_tasks_in_one_bridge_never_see_each_others_frames(tmp_path):
+@pytest.mark.parametrize("vectorization", ["sync", "processes"])
+def test_slots_rendering_different_tasks_in_one_bridge_never_see_each_others_frames(tmp_path, vectorization):
     build = json.dumps({"pixels": True, "tasks": [t for t, _ in EPISODES]})
-    proc, address = start_bridge(tmp_path, f"{SIM}:meta_world", 3, "--build-args", build, timeout=180)
+    proc, address = start_bridge(tmp_path, f"{SIM}:meta_world", 3, "--build-args", build,
+                                 "--vectorization", vectorization, timeout=180)
     try:
         seen: dict = {}
         barrier = threading.Barrier(len(EPISODES))
@@ -105,7 +107,8 @@ def test_mt(shared_sim, robot_agent, task, seed):
 
 def test_per_episode_results_are_identical_under_any_workers_width_and_slot(pytester):
     pytester.makepyfile(test_mt=SUITE)
-    runs = {"n0": ["-p", "no:xdist"], "n2w2": ["-n", "2", "--hud-width=2"], "n2w1": ["-n", "2", "--hud-width=1"]}
+    runs = {"n0": ["-p", "no:xdist"], "n2w2": ["-n", "2", "--hud-width=2"], "n2w1": ["-n", "2", "--hud-width=1"],
+            "n2w2-processes": ["-n", "2", "--hud-width=2", "--hud-vectorization=processes"]}
     seen = {}
     for name, args in runs.items():
         result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, f"--hud-results={name}.jsonl",
