@@ -118,14 +118,7 @@ class HudController:
     # ------------------------------------------------- the pool service's calls
     def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = (),
                  shard: dict[str, Any] | None = None, policies: list[str] = ()) -> int:
-        from .agent.model import PolicyError, policy_kind
-
-        for spec in policies:  # --hud-policy-server: the policies this worker's tests will ask a server for
-            try:
-                if policy_kind(spec) != "openpi":
-                    self.pool.prestart_policy_server(spec, worker)
-            except PolicyError:
-                pass  # the test that uses it reports the bad spec
+        self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
         with self._lock:
             count = self.ledger.declare(episodes, deselected, shard)
             if shard is not None and "shard" not in self.provenance:
@@ -140,6 +133,20 @@ class HudController:
                               "tasks": suite},
                 }
             return count
+
+    def prestart_policy_servers(self, specs: Any, worker: int = 0) -> None:
+        """With ``--hud-policy-server``: start the servers of ``specs`` for ``worker``'s replica now,
+        while the sims boot (:meth:`pytest_hud.pool.SimPool.prestart_policy_server`)."""
+        if not self.settings.policy_server:
+            return
+        from .agent.model import PolicyError, policy_kind
+
+        for spec in specs:
+            try:
+                if policy_kind(spec) != "openpi":
+                    self.pool.prestart_policy_server(spec, worker)
+            except PolicyError:
+                pass  # the test that uses it reports the bad spec
 
     def _resume_lookup(self, task: str, episode: str, identity: dict[str, Any]) -> dict[str, Any] | None:
         return self.ledger.resume_lookup(task, episode, identity)
