@@ -221,7 +221,12 @@ class SimPool:
             known = self._servers.get(key)
             if known is not None and known[0].poll() is None:
                 return known[1]
-            service = self._prestarted_server(spec, replica, contract) if contract else None
+            service = None
+            if contract:
+                try:
+                    service = self._prestarted_server(spec, replica, contract)
+                except LaunchError:
+                    pass  # it died before or while loading: start one the usual way, whose error (if any) is reported
             if service is None:
                 cmd, files = self._server_cmd(spec), None
                 if contract:

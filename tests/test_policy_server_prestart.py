@@ -166,6 +166,27 @@ def test_a_prestarted_server_nobody_asks_for_is_stopped_with_the_run(spec):
     assert not pool_children()
 
 
+def test_a_prestarted_server_that_died_is_replaced_by_one_started_the_usual_way(spec):
+    pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
+    try:
+        assert pool.prestart_policy_server(spec, worker=0)
+        deadline = time.monotonic() + 30
+        while not pool_children():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (waiting,) = pool_children()
+        waiting.kill()  # e.g. the OOM killer, while it imported
+        waiting.wait(10)
+        reply = pool.policy_server_for(spec, contract_dict(2), worker=0)
+        with RemotePolicy(reply["url"], timeout=10, api_key="s3cret") as policy:
+            chunk = policy.predict({"state": np.array([1.0, 1.0], np.float32)})
+        np.testing.assert_array_equal(chunk, np.full((1, 2), 2.0, np.float32))
+        (serving,) = pool_children()
+        assert "--contract-wait" not in serving.cmdline()
+    finally:
+        pool.stop_all()
+
+
 def test_launchers_that_cannot_hand_over_a_file_do_not_prestart(spec):
     pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1, launcher=StaticLauncher({}))
     try:
