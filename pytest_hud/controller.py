@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,7 @@ class HudController:
                 }
             return count
 
-    def prestart_policy_servers(self, specs: Any, worker: int = 0) -> None:
+    def prestart_policy_servers(self, specs: Iterable[str], worker: int = 0) -> None:
         """With ``--hud-policy-server``: start the servers of ``specs`` for ``worker``'s replica now,
         while the sims boot (:meth:`pytest_hud.pool.SimPool.prestart_policy_server`)."""
         if not self.settings.policy_server:

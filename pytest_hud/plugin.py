@@ -252,8 +252,7 @@ class LazyXdist:
         tmp = self.rendezvous / "pool.json.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
-            json.dump({"host": self.controller.service_host, "port": self.controller.service.port,
-                       "settings": self.controller.settings.to_dict()}, fh)
+            json.dump(self.controller.workerinput(), fh)  # what an eager run's workers get at start
         os.replace(tmp, self.rendezvous / "pool.json")
 
     def close(self) -> None:

@@ -87,10 +87,9 @@ class HudSession:
                 if time.monotonic() > deadline:
                     raise EpisodeError(f"the pytest-hud controller did not start its pool ({path} never appeared)")
                 time.sleep(0.02)
-            data = json.loads(path.read_text())
-            self.pool_host, self.pool_port = data["host"], int(data["port"])
-            if "settings" in data:
-                self.settings = HudSettings.from_dict(data["settings"])
+            data = json.loads(path.read_text())  # HudController.workerinput()
+            self.pool_host, self.pool_port = data["pool_host"], int(data["pool_port"])
+            self.settings = HudSettings.from_dict(data["settings"])
         return str(self.pool_host), int(self.pool_port)
 
     @property

@@ -130,6 +130,17 @@ def pool_children() -> list[psutil.Process]:
             if "pytest_hud.agent.server" in " ".join(p.cmdline())]
 
 
+def prestarted(pool: SimPool, spec: str) -> psutil.Process:
+    """Prestart ``spec``'s server and return its process once it runs."""
+    assert pool.prestart_policy_server(spec, worker=0)
+    deadline = time.monotonic() + 30
+    while not (children := pool_children()):
+        assert time.monotonic() < deadline, "the prestarted server never started"
+        time.sleep(0.05)
+    (server,) = children
+    return server
+
+
 def test_the_pool_hands_its_prestarted_server_the_contract_and_the_boot_clock_starts_then(spec):
     # A 2 s boot timeout: the contract comes 3 s after the prestart, which must not count.
     pool = SimPool("s3cret", BridgeSpec(width=1, boot_timeout=2.0, cwd=str(REPO)), workers=1)
@@ -156,11 +167,7 @@ def test_the_pool_hands_its_prestarted_server_the_contract_and_the_boot_clock_st
 def test_a_prestarted_server_nobody_asks_for_is_stopped_with_the_run(spec):
     pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
     try:
-        assert pool.prestart_policy_server(spec, worker=0)
-        deadline = time.monotonic() + 30
-        while not pool_children():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        prestarted(pool, spec)
     finally:
         pool.stop_all(timeout=5)
     assert not pool_children()
@@ -169,12 +176,7 @@ def test_a_prestarted_server_nobody_asks_for_is_stopped_with_the_run(spec):
 def test_a_prestarted_server_that_died_is_replaced_by_one_started_the_usual_way(spec):
     pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
     try:
-        assert pool.prestart_policy_server(spec, worker=0)
-        deadline = time.monotonic() + 30
-        while not pool_children():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        (waiting,) = pool_children()
+        waiting = prestarted(pool, spec)
         waiting.kill()  # e.g. the OOM killer, while it imported
         waiting.wait(10)
         reply = pool.policy_server_for(spec, contract_dict(2), worker=0)

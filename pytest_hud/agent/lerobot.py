@@ -89,8 +89,7 @@ def preload_checkpoint_modules(path: str | Path) -> None:
     """Import torch, LeRobot's policy factory and the class of the checkpoint's policy: most of a
     load's time, done ahead of it by a policy server that waits for its contract."""
     config = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))
-    import torch  # noqa: F401 - imported for its side effect: the import itself
-    from lerobot.policies.factory import get_policy_class, make_pre_post_processors  # noqa: F401
+    from lerobot.policies.factory import get_policy_class  # imports torch and the processors
 
     get_policy_class(config["type"])
 

@@ -102,6 +102,7 @@ class _Block:
     def __init__(self, ctx: Any, start: int, stop: int, target: str, build_args: dict[str, Any],
                  control_rate: float | None) -> None:
         self.start, self.stop = start, stop
+        self.stats: Any = None  # its sim's counters (``stats()``), as of its last reset
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, os.getpid(), target, stop - start, build_args,
                                                        control_rate),
@@ -157,7 +158,8 @@ class ProcessSim(VectorSim):
         self.supports_slot_reset = all(h[2] for h in hellos)
         self._obs = {key: np.concatenate([h[3][key] for h in hellos]) for key in hellos[0][3]}
         self.tasks = hellos[0][4]
-        self._block_stats = [h[5] for h in hellos]  # each block's counters, as of its last reset
+        for block, hello in zip(self._blocks, hellos):
+            block.stats = hello[5]
 
     def contract(self) -> Contract:
         return self._contract
@@ -192,7 +194,7 @@ class ProcessSim(VectorSim):
         flags = np.zeros(len(indices), bool)
         for (block, ns), ((block_flags, stats), obs) in zip(shares, self._gather([b for b, _ in shares])):
             flags[ns] = np.asarray(block_flags, bool)
-            self._block_stats[self._blocks.index(block)] = stats
+            block.stats = stats
             self._take(block, obs)
         return flags
 
@@ -234,7 +236,7 @@ class ProcessSim(VectorSim):
         """The blocks' own counters (a multi-task sim's env builds, ...) as of their last reset, merged:
         numbers add up, per-slot lists join in slot order; None when the sim keeps none. No pipe
         traffic: the bridge asks from its I/O thread while the sim's thread may be stepping."""
-        parts = [part for part in self._block_stats if part is not None]
+        parts = [block.stats for block in self._blocks if block.stats is not None]
         if not parts:
             return None
         merged: dict[str, Any] = {}

@@ -115,11 +115,8 @@ def load_sim(
         if vectorization == "processes" and sim.supports_slot_step and width > 1:
             # Independent envs (a multi-task sim, a SyncVectorEnv): split them across processes, each
             # building the factory's sim for its block. A natively batched sim keeps its one process.
-            from .processes import ProcessSim
-            from .threads import default_threads
-
             sim.close()
-            return ProcessSim(target, width, kwargs, control_rate, default_threads(width))
+            return _in_processes(target, width, kwargs, control_rate)
         return sim
     make_one = EnvMaker(target, kwargs, factory)
     probe = make_one()
@@ -149,15 +146,20 @@ def load_sim(
             threads.close()
             raise
     elif vectorization == "processes":
-        from .processes import ProcessSim
-        from .threads import default_threads
-
         probe.close()  # each process builds its own envs
-        return ProcessSim(target, width, kwargs, control_rate, default_threads(width))
+        return _in_processes(target, width, kwargs, control_rate)
     else:
         raise TargetError(
             f"vectorization must be 'sync', 'async', 'threads' or 'processes', got {vectorization!r}")
     return GymSim(env, control_rate)
+
+
+def _in_processes(target: str, width: int, kwargs: Mapping[str, Any], control_rate: float | None) -> VectorSim:
+    """``target``'s slots split across one process per core (``--hud-vectorization=processes``)."""
+    from .processes import ProcessSim
+    from .threads import default_threads
+
+    return ProcessSim(target, width, kwargs, control_rate, default_threads(width))
 
 
 class EnvMaker:
