@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,6 +14,21 @@ from pathlib import Path
 import pytest
 
 from pytest_hud.client import BridgeAddress
+
+# pytester's fixture restores ``sys.modules`` after each test that uses it, dropping every module
+# first imported during that test. LeRobot's dataset code imports pandas' arrow extension types
+# lazily (on its first parquet write or read), and that import registers ``pandas.period`` with
+# pyarrow, whose registry lives in the (never unloaded) C++ library. A pytester test that loaded a
+# dataset therefore left pandas forgotten, and the next dataset written in that worker re-imported
+# the module and failed with ``ArrowKeyError: A type extension with name pandas.period already
+# defined``: a failure that came and went with xdist's test order. Imported here, before any test,
+# the module is in every snapshot and never re-executed. (Not a tests/lerobot/conftest.py: two
+# conftest modules outside packages would share the module name ``conftest``.)
+if importlib.util.find_spec("pyarrow") is not None and importlib.util.find_spec("pandas") is not None:
+    try:
+        import pandas.core.arrays.arrow.extension_types  # noqa: F401
+    except ImportError:  # a pandas laid out otherwise
+        pass
 
 HERE = Path(__file__).parent
 SIMKIT = HERE / "simkit.py"
