@@ -320,7 +320,7 @@ class HudController:
         write_summary(terminalreporter, self.tasks(), self.verdicts, self.coverage(),
                       results=str(self.writer.path) if self.writer is not None else None,
                       recording=self.recording, baseline=self.settings.baseline,
-                      other_failures=self.other_failures)
+                      other_failures=self.other_failures, notes=list(self.pool.notes))
 
     def stop(self) -> None:
         if self._old_sigterm is not None:

@@ -97,6 +97,8 @@ class SimPool:
         self._servers: dict[tuple, tuple[Service, dict[str, Any]]] = {}
         self._prestarts: dict[tuple[str, int], _Prestart] = {}  # (spec, replica) -> a server awaiting its contract
         self._prestarted = 0
+        #: What the run should be told about its bridges (a --hud-vectorization that did not apply), once each
+        self.notes: dict[str, None] = {}
         self.closed = False
 
     # ---------------------------------------------------------------- routing
@@ -256,6 +258,9 @@ class SimPool:
             "--step-timeout", str(spec.step_timeout),
         ]
         service = self._launch(cmd, f"bridge for {target!r}", "bridge")
+        note = service.announce.get("vectorization_note")
+        if note:
+            self.notes[f"bridge for {target}: --hud-vectorization={note}"] = None
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
         return _Bridge(key, service, address, service.log, time.monotonic())
 

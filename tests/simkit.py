@@ -216,3 +216,9 @@ class _ThreadDependent(gym.Wrapper):
 def thread_dependent():
     """An env that is not the same on several threads (``--check-threads`` must say so)."""
     return _ThreadDependent(gym.make("Pendulum-v1"))
+
+
+def one_vector_env():
+    """A factory without ``num_envs`` that returns a vector env itself (two CartPoles)."""
+    return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2,
+                                    autoreset_mode=gym.vector.AutoresetMode.DISABLED)

@@ -237,6 +237,21 @@ def test_the_tick_mode_reaches_the_bridge_and_an_impossible_one_is_refused(proje
     usage.stderr.fnmatch_lines(["*--hud-tick must be auto, lockstep or ready, got 'fast'*"])
 
 
+def test_a_vectorization_that_does_not_apply_to_a_bridge_is_a_note_in_the_summary(project):
+    project.makepyfile(batched=BATCHED, test_one="""
+def test_one(shared_sim, robot_agent):
+    robot_agent.run(shared_sim.episode(seed=1))
+""")
+    args = ("-p", "no:xdist", "--hud-sim=batched:cartpole", "--hud-width=1")
+    threads = run(project, *args, "--hud-vectorization=threads")
+    threads.assert_outcomes(passed=1)
+    threads.stdout.fnmatch_lines(["note: bridge for batched:cartpole: --hud-vectorization=threads does not "
+                                  "apply: the factory takes num_envs and vectorizes its envs itself*"])
+    plain = run(project, *args)
+    plain.assert_outcomes(passed=1)
+    assert "note:" not in plain.stdout.str()
+
+
 def test_results_file_keeps_every_finished_episode_when_the_run_is_killed(project):
     project.makepyfile(test_slow='''
 import time, pytest

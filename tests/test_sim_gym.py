@@ -164,6 +164,34 @@ def test_env_threads_map_in_order_and_raise_the_first_error_in_slot_order():
         EnvThreads(0)
 
 
+# ----------------------------------------------------------- a vectorization that does not apply
+@pytest.mark.parametrize("target, asked, why", [
+    (f"{SIMKIT}:counter", "processes", "the sim steps all its slots in one call"),
+    (f"{SIMKIT}:counter", "async", "the factory takes num_envs and vectorizes its envs itself"),
+    (f"{SIMKIT}:multitask", "threads", "the factory takes num_envs and vectorizes its envs itself"),
+    (f"{SIMKIT}:one_vector_env", "threads", "the factory returns a vectorized sim itself"),
+])
+def test_a_vectorization_that_does_not_apply_says_why_and_the_sim_runs_as_it_is(target, asked, why):
+    sim = load_sim(target, 2, asked)
+    try:
+        assert type(sim).__name__ != "ProcessSim" and getattr(sim, "_threads", None) is None
+        assert sim.vectorization_note.startswith(f"{asked} does not apply: {why}")
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("target, asked, width", [
+    ("Pendulum-v1", "threads", 2), ("Pendulum-v1", "async", 2), ("Pendulum-v1", "sync", 2),
+    (f"{SIMKIT}:counter", "sync", 2), (f"{SIMKIT}:multitask", "processes", 2),
+    (f"{SIMKIT}:counter", "processes", 1)])  # one slot: nothing to split
+def test_a_vectorization_that_applies_has_no_note(target, asked, width):
+    sim = load_sim(target, width, asked)
+    try:
+        assert sim.vectorization_note is None
+    finally:
+        sim.close()
+
+
 # ----------------------------------------------------------- --hud-vectorization=processes
 def test_processes_vectorization_gives_every_slot_exactly_what_sync_does():
     sim = load_sim("Pendulum-v1", 3, "processes")

@@ -12,7 +12,7 @@ __all__ = ["write_summary"]
 
 def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None, coverage: Mapping[str, Any],
                   *, results: str | None = None, recording: Mapping[str, Any] | None = None,
-                  baseline: str | None = None, other_failures: int = 0) -> None:
+                  baseline: str | None = None, other_failures: int = 0, notes: list[str] | None = None) -> None:
     """Write the summary section with pytest's terminal reporter ``tr``."""
     from ..gate import gate_passed, nothing_compared
 
@@ -30,6 +30,8 @@ def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None,
         tr.write_line(text, yellow=bool(cov["errors"]))
     if results is not None:
         tr.write_line(f"results: {results}")
+    for note in notes or ():
+        tr.write_line(f"note: {note}", yellow=True)
     if recording is not None:
         for ds in recording["datasets"]:
             tr.write_line(f"recorded: {ds['episodes']} episodes, {ds['frames']} frames -> {ds['path']} "

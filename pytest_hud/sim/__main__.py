@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     payload = {"control": server.control_port, "ws": server.ws_port, "pid": os.getpid(),
                "width": args.width, "secret": secret, "host": args.host}
+    if sim.vectorization_note:
+        payload["vectorization_note"] = sim.vectorization_note
+        print(f"pytest-hud bridge: --vectorization {sim.vectorization_note}", file=sys.stderr, flush=True)
     lease = None
     if args.lease is not None:
         from ..lease import Lease

@@ -78,6 +78,9 @@ class VectorSim:
     supports_slot_step: bool = False
     #: Task names a claim may choose from (empty: the sim has one env, chosen by build arguments).
     tasks: tuple[str, ...] = ()
+    #: Set by the bridge's loader when the vectorization asked for did not apply to this sim: why,
+    #: and what runs instead (the bridge announces it; the pytest plugin shows it in its summary).
+    vectorization_note: str | None = None
 
     def __init__(self, width: int) -> None:
         self.width = int(width)

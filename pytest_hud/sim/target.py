@@ -117,11 +117,25 @@ def load_sim(
             # building the factory's sim for its block. A natively batched sim keeps its one process.
             sim.close()
             return _in_processes(target, width, kwargs, control_rate)
+        if vectorization == "processes" and width > 1:
+            sim.vectorization_note = (
+                "processes does not apply: the sim steps all its slots in one call (it is not made of "
+                "independent envs), so it runs in the bridge's process as it is")
+        elif vectorization in ("async", "threads"):
+            sim.vectorization_note = (
+                f"{vectorization} does not apply: the factory takes num_envs and vectorizes its envs "
+                f"itself ({vectorization} wraps a factory of single envs; processes splits a sim made of "
+                "independent envs), so its sim runs as it is")
         return sim
     make_one = EnvMaker(target, kwargs, factory)
     probe = make_one()
     if isinstance(probe, VectorSim | VectorEnv):
-        return _as_vector_sim(probe, width, control_rate)
+        sim = _as_vector_sim(probe, width, control_rate)
+        if vectorization != "sync":
+            sim.vectorization_note = (
+                f"{vectorization} does not apply: the factory returns a vectorized sim itself, not one "
+                "env, so that sim runs as it is (a factory of single envs gets the vectorization asked for)")
+        return sim
     if not isinstance(probe, gym.Env):
         raise TargetError(
             f"sim target {target!r} returned {type(probe).__name__}; expected a gymnasium Env, "
