@@ -118,7 +118,9 @@ class HudController:
 
     # ------------------------------------------------- the pool service's calls
     def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = (),
-                 shard: dict[str, Any] | None = None, policies: list[str] = ()) -> int:
+                 shard: dict[str, Any] | None = None, policies: list[str] = (),
+                 python_path: list[str] = ()) -> int:
+        self.pool.add_python_path(python_path)
         self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
         with self._lock:
             count = self.ledger.declare(episodes, deselected, shard)

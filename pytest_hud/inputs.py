@@ -11,6 +11,8 @@ baseline is read before the run truncates it.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,13 +33,15 @@ class RunInputs:
 
 
 def load_inputs(settings: HudSettings, here: Path, *, video_explicit: bool = False,
-                report_html: str | None = None) -> tuple[HudSettings, RunInputs]:
+                report_html: str | None = None, test_dirs: Sequence[Path] = ()) -> tuple[HudSettings, RunInputs]:
     """Check ``settings`` against the environment and load every input file.
 
     ``video_explicit``: the user asked for videos (without PyAV that is an error; the default
     quietly turns them off). ``report_html``: pytest-html's ``--html`` path (videos go beside it).
+    ``test_dirs``: the folders of the run's test paths, which pytest puts on ``sys.path`` when it
+    collects them, so ``--hud-sim=sims:my_task`` may name a module beside the tests.
     """
-    settings = _check_environment(settings, here, video_explicit)
+    settings = _check_environment(settings, here, video_explicit, test_dirs)
     settings = _absolute_paths(settings, here, report_html)
     loaded: dict[str, Results] = {}
     for key in ("baseline", "resume"):
@@ -53,7 +57,8 @@ def load_inputs(settings: HudSettings, here: Path, *, video_explicit: bool = Fal
     return settings, RunInputs(_gate_config(settings, here), loaded.get("baseline"), resumable)
 
 
-def _check_environment(settings: HudSettings, here: Path, video_explicit: bool) -> HudSettings:
+def _check_environment(settings: HudSettings, here: Path, video_explicit: bool,
+                       test_dirs: Sequence[Path] = ()) -> HudSettings:
     from .sim.target import TargetError, describe_target
 
     if settings.video != "none":
@@ -75,10 +80,15 @@ def _check_environment(settings: HudSettings, here: Path, video_explicit: bool) 
         except FileExistsError as exc:
             raise SettingsError(f"--hud-record: {exc}") from None
     if settings.sim:
+        added = [str(d) for d in test_dirs if str(d) not in sys.path]
+        sys.path[:0] = added  # as collection will: a module beside the tests resolves
         try:
             describe_target(settings.sim)
         except (TargetError, ImportError) as exc:
             raise SettingsError(f"--hud-sim: {exc}") from None
+        finally:
+            for d in added:
+                sys.path.remove(d)
     if settings.policy:
         from .agent.model import PolicyError, policy_kind
 

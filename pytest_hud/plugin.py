@@ -103,9 +103,21 @@ def load_settings(config: pytest.Config, settings: HudSettings | None = None) ->
     try:
         return load_inputs(settings, config.invocation_params.dir,
                            video_explicit=bool(cli["video"] or ini["video"]),
-                           report_html=getattr(config.option, "htmlpath", None))
+                           report_html=getattr(config.option, "htmlpath", None),
+                           test_dirs=_test_dirs(config))
     except SettingsError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _test_dirs(config: pytest.Config) -> list[Path]:
+    """The folders of the command line's test paths (a file's folder; ``::`` parts dropped)."""
+    here, out = config.invocation_params.dir, []
+    for arg in config.args:
+        path = here / str(arg).split("::", 1)[0]
+        folder = path if path.is_dir() else path.parent if path.is_file() else None
+        if folder is not None and folder.resolve() not in out:
+            out.append(folder.resolve())
+    return out
 
 
 def _explicitly_used(config: pytest.Config) -> bool:

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,7 @@ class SimPool:
         self._prestarted = 0
         #: What the run should be told about its bridges (a --hud-vectorization that did not apply), once each
         self.notes: dict[str, None] = {}
+        self._worker_paths: dict[str, None] = {}  # the workers' project import paths (add_python_path)
         self.closed = False
 
     # ---------------------------------------------------------------- routing
@@ -145,12 +146,23 @@ class SimPool:
                 clock: threading.Event | None = None) -> Service:
         """Start a service through the launcher; it announces itself (or its failure is raised)."""
         env = {SECRET_ENV: self.secret, "SDL_VIDEODRIVER": os.environ.get("SDL_VIDEODRIVER", "dummy")}
-        paths = [p for p in self.spec.python_path if p] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        with self._lock:
+            workers = list(self._worker_paths)
+        paths = [p for p in self.spec.python_path if p] + workers + [
+            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         late = {"clock": clock} if clock is not None else {}  # only launchers that prestart take a clock
         return self.launcher.launch(cmd, what, role=role, env=env, timeout=self.spec.boot_timeout, files=files,
                                     **late)
+
+    def add_python_path(self, paths: Iterable[str]) -> None:
+        """Import paths a worker's project needs (its test folders on ``sys.path``): every service
+        started from now on gets them on its ``PYTHONPATH``, after the run's own."""
+        with self._lock:
+            for p in paths or ():
+                if isinstance(p, str) and p:
+                    self._worker_paths[p] = None
 
     def prestart_policy_server(self, spec: str, worker: int = 0) -> bool:
         """Start ``spec``'s policy server for ``worker``'s replica now, before any worker has a contract.
@@ -336,7 +348,8 @@ class PoolService:
         return handler
 
     async def _bridge(self, conn: Any, target: str, build: dict | None = None, worker: int = 0,
-                      replace_pid: int | None = None) -> dict[str, Any]:
+                      replace_pid: int | None = None, python_path: list[str] = ()) -> dict[str, Any]:
+        self.pool.add_python_path(python_path)
         try:
             address = await asyncio.get_running_loop().run_in_executor(
                 None, self.pool.bridge_for, target, build, worker, replace_pid
@@ -348,7 +361,8 @@ class PoolService:
         return address.to_dict()
 
     async def _policy_server(self, conn: Any, spec: str, contract: dict | None = None,
-                             worker: int = 0) -> dict[str, Any]:
+                             worker: int = 0, python_path: list[str] = ()) -> dict[str, Any]:
+        self.pool.add_python_path(python_path)
         try:
             return await asyncio.get_running_loop().run_in_executor(
                 None, self.pool.policy_server_for, spec, contract, worker

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -35,8 +36,9 @@ class HudSession:
     """A worker's view of the run: pool connection, bridges, policies and settings."""
 
     def __init__(self, pool_host: str | None, pool_port: int | None, secret: str, worker: int,
-                 settings: HudSettings, rendezvous: str | None = None):
+                 settings: HudSettings, rendezvous: str | None = None, project_roots: tuple[str, ...] = ()):
         self.pool_host, self.pool_port, self.secret = pool_host, pool_port, secret
+        self.project_roots = project_roots  # the run's rootdir and invocation dir: see project_paths
         self.rendezvous = rendezvous  # where the controller writes the pool's address when started lazily
         self.pending_declare: dict[str, Any] | None = None  # sent with the first call to the pool
         self.worker = worker
@@ -49,6 +51,24 @@ class HudSession:
         self.policy_hashes: dict[str | None, str | None] = {}  # content hash per policy spec (resume identity)
         self.policy_places: dict[str, dict[str, Any]] = {}  # policy spec -> its server's {"url", "node", "host"}
         self._recorders: list[Any] | None = None
+
+    def project_paths(self) -> list[str]:
+        """This process's import paths inside the project (under its rootdir or invocation dir), such
+        as the test folders pytest's collection put on ``sys.path``: the bridges and policy servers
+        started for this worker need them to import the same ``module:factory`` targets (a
+        tutorial-style ``sims:my_task`` beside the test file), and the controller, which collects
+        nothing under xdist, does not have them."""
+        roots = tuple(os.path.join(os.path.realpath(r), "") for r in self.project_roots)
+        install = tuple(os.path.join(os.path.realpath(p), "")
+                        for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+        out = []
+        for p in sys.path:
+            if not p or not os.path.isdir(p):
+                continue
+            real = os.path.join(os.path.realpath(p), "")
+            if real.startswith(roots) and not real.startswith(install):
+                out.append(p)
+        return out
 
     @property
     def recorders(self) -> list[Recorder]:
@@ -139,7 +159,7 @@ class HudSession:
                 # One model copy for the whole run, batched across workers: this worker loads none.
                 try:
                     reply = self.pool_call("policy_server", spec=policy, contract=contract.to_dict(),
-                                           worker=self.worker)
+                                           worker=self.worker, python_path=self.project_paths())
                 except RpcError as exc:
                     raise EpisodeError(f"no policy server for {policy!r}: {exc.message}") from None
                 place = reply if isinstance(reply, dict) else {"url": reply}
@@ -215,7 +235,8 @@ class SharedSim:
     def _connect(self, replace_pid: int | None = None) -> None:
         try:
             reply = self.session.pool_call("bridge", target=self.target, build=self.build,
-                                           worker=self.session.worker, replace_pid=replace_pid)
+                                           worker=self.session.worker, replace_pid=replace_pid,
+                                           python_path=self.session.project_paths())
         except RpcError as exc:
             raise EpisodeError(f"no bridge for sim {self.target!r}: {exc.message}") from None
         self.address = BridgeAddress.from_dict(reply)

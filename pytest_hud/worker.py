@@ -80,7 +80,8 @@ def start_worker(config: pytest.Config, hud: dict[str, Any], worker: int | None 
     if worker is None:
         worker = int(str(config.workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
     session = HudSession(hud.get("pool_host"), hud.get("pool_port"), hud["secret"], worker,
-                         HudSettings.from_dict(hud["settings"]), rendezvous=hud.get("rendezvous"))
+                         HudSettings.from_dict(hud["settings"]), rendezvous=hud.get("rendezvous"),
+                         project_roots=(str(config.rootpath), str(config.invocation_params.dir)))
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(WorkerHooks(config, session), "hud-worker")
     return session
@@ -107,6 +108,7 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     data = {"episodes": declared, "worker": hud.worker, "deselected": deselected}
     if served:  # the pool starts their servers now, while the sims boot (SimPool.prestart_policy_server)
         data["policies"] = sorted(served)
+        data["python_path"] = hud.project_paths()  # what those servers import the policies with
     if shard is not None:  # the whole suite too: the gate and the merge need the other shards' episodes
         data["shard"] = {key: shard[key] for key in ("index", "count", "suite")}
     return data

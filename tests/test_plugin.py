@@ -252,6 +252,39 @@ def test_one(shared_sim, robot_agent):
     assert "note:" not in plain.stdout.str()
 
 
+def test_the_tutorials_layout_runs_its_sim_and_policy_modules_from_the_eval_folder(pytester):
+    """The README's tutorial: ``sims.py`` and ``policies.py`` beside the test file in ``my_evals/``,
+    named as ``sims:my_task``, run from the folder above. Only pytest's collection puts
+    ``my_evals/`` on a worker's path, so bridges and policy servers get the workers' project paths."""
+    evals = pytester.mkdir("my_evals")
+    (evals / "sims.py").write_text(SIMS)
+    (evals / "policies.py").write_text(POLICIES)
+    (evals / "test_my_task.py").write_text("""
+import pytest
+
+pytestmark = pytest.mark.hud(sim="sims:cartpole", policy="policies:balance", max_steps=60)
+
+@pytest.mark.parametrize("seed", range(4))
+def test_my_task(shared_sim, robot_agent, seed):
+    assert robot_agent.run(shared_sim.episode(seed=seed)).success
+""")
+    for args in (["-n", "2"], ["-n", "2", "--hud-policy-server"], ["-p", "no:xdist"]):
+        result = run(pytester, "my_evals/test_my_task.py", *args)
+        result.assert_outcomes(passed=4)
+    # the same modules named on the command line: checked at start-up with the tests' folder on the path
+    (evals / "test_cli.py").write_text("""
+def test_cli(shared_sim, robot_agent):
+    assert robot_agent.run(shared_sim.episode(seed=1)).success
+""")
+    cli = run(pytester, "my_evals/test_cli.py", "-n", "2", "--hud-sim=sims:cartpole",
+              "--hud-policy=policies:balance", "--hud-max-steps=60")
+    cli.assert_outcomes(passed=1)
+    unknown = run(pytester, "my_evals/test_cli.py", "-n", "2", "--hud-sim=simz:cartpole")
+    assert unknown.ret == pytest.ExitCode.USAGE_ERROR
+    unknown.stderr.fnmatch_lines(["*--hud-sim: unknown sim target 'simz:cartpole': no module 'simz' is "
+                                  "importable here, and it is not a registered gymnasium id*"])
+
+
 def test_results_file_keeps_every_finished_episode_when_the_run_is_killed(project):
     project.makepyfile(test_slow='''
 import time, pytest

@@ -69,9 +69,13 @@ def _check_gym_id(target: str) -> None:
     try:
         gym.spec(target)
     except Exception as exc:  # gymnasium raises several error types for unknown ids
+        module = target.rpartition(":")[0]
+        where = (f"no module {module!r} is importable here, and it is " if ":" in target and "/" not in module
+                 else "")
         raise TargetError(
-            f"unknown sim target {target!r}: not a registered gymnasium id ({exc}); "
-            "use a gymnasium id such as CartPole-v1, 'module:factory' or 'path/to/file.py:factory'"
+            f"unknown sim target {target!r}: {where}not a registered gymnasium id ({exc}); "
+            "use a gymnasium id such as CartPole-v1, 'module:factory' with the module on the import "
+            "path, or 'path/to/file.py:factory'"
         ) from None
 
 
