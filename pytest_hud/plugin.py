@@ -114,7 +114,10 @@ def _test_dirs(config: pytest.Config) -> list[Path]:
     here, out = config.invocation_params.dir, []
     for arg in config.args:
         path = here / str(arg).split("::", 1)[0]
-        folder = path if path.is_dir() else path.parent if path.is_file() else None
+        try:
+            folder = path if path.is_dir() else path.parent if path.is_file() else None
+        except OSError:  # a name no file can have: pytest reports the argument itself
+            continue
         if folder is not None and folder.resolve() not in out:
             out.append(folder.resolve())
     return out
