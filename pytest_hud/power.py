@@ -2,10 +2,11 @@
 
 Pure functions, numpy only. The gate (``gate.py``) prints these next to its verdicts: the minimum
 detectable drop at the current n, and the episodes that would settle an undecided task. The powers
-are those of the gate's own tests (``stats.py``): exact for McNemar's test, normal approximations
-with continuity corrections elsewhere. Written by hand because no well-kept Python library computes
-the power of these exact tests (statsmodels' power functions for proportions are normal
-approximations, and statsmodels is not a dependency).
+are those of the gate's own tests (``stats.py``): exact for McNemar's test and for the unpaired
+tests up to a quarter million possible tables (the probability of the test's own rejection region),
+normal approximations with continuity corrections beyond. Written by hand because no well-kept
+Python library computes the power of these exact tests (statsmodels' power functions for
+proportions are normal approximations, and statsmodels is not a dependency).
 
     >>> round(minimum_detectable_drop(100, baseline_rate=0.9, paired=True), 2)
     0.14
@@ -20,7 +21,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from .binomial import _check_probability, _log_comb, _logsumexp, binom_logpmf
+from .binomial import _binom_pmf_matrix, _check_probability, _log_comb, _logsumexp, binom_logpmf
 
 __all__ = [
     "episodes_needed",
@@ -35,6 +36,13 @@ _NORMAL = NormalDist()
 # Up to this many expected discordant pairs the paired power is computed exactly; beyond it the
 # normal approximation is accurate to well under a percent and the exact sum gets slow.
 _EXACT_PAIRED_LIMIT = 1000.0
+# Up to this many possible tables ((n + 1) * (n_baseline + 1)) the unpaired power is the exact
+# probability of the test's rejection region (about 50 ms to find it at the limit); beyond it, a
+# normal approximation.
+_EXACT_UNPAIRED_TABLES = 62_500
+# Nuisance-rate grid for the size of a candidate rejection region (the tests' own p-values check
+# the boundary, so a grid that misses a peak cannot let a table in that the test would not flag).
+_SIZE_GRID = 129
 
 
 def _paired_discordance(drop: float, baseline_rate: float | None, discordance: float | None) -> float:
@@ -123,6 +131,58 @@ def paired_power(
     )
 
 
+@lru_cache(maxsize=512)
+def _unpaired_rejection_region(n: int, n_baseline: int, alpha: float, max_drop: float) -> np.ndarray:
+    """Every table ``(successes now, successes in the baseline)`` that the gate's unpaired test
+    flags at level ``alpha``, as an ``(n + 1, n_baseline + 1)`` bool array.
+
+    Both tests order the tables by a statistic (Boschloo: Fisher's one-sided p-value; with a
+    tolerance: the Farrington-Manning score) and their p-value is the largest probability, over the
+    nuisance rate, of a table at least as extreme: so they flag exactly the tables up to some
+    threshold of the statistic. The largest threshold whose region has size at most ``alpha`` is
+    found for every candidate at once (cumulative sums over a grid of nuisance rates), then checked
+    with the test's own p-value, which moves it down where the grid missed a peak.
+    """
+    from . import stats  # stats imports this module
+
+    if max_drop == 0.0:
+        stat = stats._fisher_table(n, n_baseline)  # log Fisher p: small is extreme
+
+        def p_value(i: int, j: int) -> float:
+            return stats.boschloo_exact_one_sided(i, n, j, n_baseline)
+
+        tie = np.full(stat.shape, stats._REL_TIE)
+        rates = np.linspace(0.0, 1.0, _SIZE_GRID)
+        new_rates, base_rates = rates, rates
+    else:
+        score = stats._farrington_manning(n, n_baseline, max_drop)  # large is extreme
+        stat = -score
+
+        def p_value(i: int, j: int) -> float:
+            return stats.unpaired_noninferiority_exact(i, n, j, n_baseline, max_drop)
+
+        tie = stats._REL_TIE * np.maximum(1.0, np.abs(score))
+        base_rates = np.linspace(max_drop, 1.0, _SIZE_GRID)
+        new_rates = np.clip(base_rates - max_drop, 0.0, 1.0)
+    flat = stat.ravel()
+    order = np.argsort(flat, kind="stable")
+    ranked = flat[order]
+    # The region of a table's threshold takes the tables that tie with it too (as the tests do).
+    ends = np.searchsorted(ranked, ranked + tie.ravel()[order], side="right") - 1
+    size = np.zeros(flat.size)
+    b_new = _binom_pmf_matrix(n, new_rates)
+    b_base = _binom_pmf_matrix(n_baseline, base_rates)
+    rows, cols = np.divmod(order, n_baseline + 1)
+    for g in range(len(base_rates)):
+        np.maximum(size, np.cumsum(b_new[g, rows] * b_base[g, cols])[ends], out=size)
+    k = int(np.searchsorted(size, alpha, side="right")) - 1  # sizes grow with the threshold
+    while k >= 0 and p_value(int(rows[k]), int(cols[k])) > alpha:
+        k = int(np.searchsorted(ranked, ranked[k], side="left")) - 1  # below the tables tied with it
+    region = stat <= (ranked[k] + tie.ravel()[order][k]) if k >= 0 else np.zeros(stat.shape, bool)
+    region.flags.writeable = False  # cached and shared
+    return region
+
+
 def unpaired_power(
     n: int,
     n_baseline: int,
@@ -132,11 +192,16 @@ def unpaired_power(
     alpha: float = 0.05,
     max_drop: float = 0.0,
 ) -> float:
-    """Approximate probability that the unpaired test flags a true drop of ``drop``.
+    """Probability that the unpaired test flags a true drop of ``drop`` (``n`` episodes now,
+    ``n_baseline`` in the baseline).
 
-    Normal approximation with the Fleiss continuity correction ``(1/n + 1/n_baseline) / 2``, which
-    tracks Fisher's exact test closely; Boschloo is a little more powerful, so the answer errs on
-    the side of asking for more episodes. Null variance at the boundary ``p_new = p_base - max_drop``.
+    Exact up to ``_EXACT_UNPAIRED_TABLES`` possible tables: the probability, at ``p_new =
+    baseline_rate - drop`` and ``p_base = baseline_rate``, of the tables the gate's test
+    (Boschloo's, or the Farrington-Manning test with a tolerance) flags at level ``alpha``. Beyond:
+    a normal approximation with the Fleiss continuity correction ``(1/n + 1/n_baseline) / 2``, null
+    variance at the boundary ``p_new = p_base - max_drop``, and each rate's variance taken at
+    ``(k + 1/2) / (m + 1)`` (its count plus a half success, out of one more episode), so that a
+    baseline at 100% or 0% does not make the null variance vanish and the power look certain.
     """
     n, n_baseline = operator.index(n), operator.index(n_baseline)
     p0 = _check_probability(baseline_rate, "baseline_rate")
@@ -145,9 +210,19 @@ def unpaired_power(
     if drop <= max_drop:
         return alpha  # a drop within the tolerance is flagged at most this often (the size of the test)
     p1 = max(0.0, p0 - drop)
+    if (n + 1) * (n_baseline + 1) <= _EXACT_UNPAIRED_TABLES:
+        region = _unpaired_rejection_region(n, n_baseline, float(alpha), float(max_drop))
+        b_new = _binom_pmf_matrix(n, np.array([p1]))[0]
+        b_base = _binom_pmf_matrix(n_baseline, np.array([p0]))[0]
+        return float(min(1.0, b_new @ region.astype(float) @ b_base))
     pb = max(0.0, p0 - max_drop)
-    null_sd = math.sqrt(pb * (1 - pb) / n + p0 * (1 - p0) / n_baseline)
-    alt_sd = math.sqrt(p1 * (1 - p1) / n + p0 * (1 - p0) / n_baseline)
+
+    def var(p: float, m: int) -> float:
+        q = (p * m + 0.5) / (m + 1)
+        return q * (1 - q) / m
+
+    null_sd = math.sqrt(var(pb, n) + var(p0, n_baseline))
+    alt_sd = math.sqrt(var(p1, n) + var(p0, n_baseline))
     correction = (1.0 / n + 1.0 / n_baseline) / 2.0
     return _normal_power(drop - max_drop - correction, null_sd, alt_sd, alpha)
 

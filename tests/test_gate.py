@@ -17,7 +17,7 @@ from pytest_hud.gate import (
     nothing_compared,
     outcomes_from_records,
 )
-from pytest_hud.stats import boschloo_exact_one_sided
+from pytest_hud.stats import boschloo_exact_one_sided, unpaired_power
 
 
 def episodes(
@@ -80,6 +80,19 @@ def test_different_episode_ids_are_compared_unpaired_with_boschloo() -> None:
     assert v.p_value == pytest.approx(boschloo_exact_one_sided(30, 50, 45, 50))
     assert v.verdict == "regression"
     assert v.current_rate == pytest.approx(0.6) and v.baseline_rate == pytest.approx(0.9)
+
+
+def test_a_perfect_baseline_does_not_lend_an_unpaired_run_power_it_lacks() -> None:
+    """32/32 before, 20/20 now on other seeds: a 10-point drop would be flagged only if 3 or more of
+    the 20 failed, which happens 32% of the time; the normal approximation used to claim 80% and say
+    pass ("would have been caught")."""
+    base = {"t": episodes("1" * 32, prefix="old")}
+    cur = {"t": episodes("1" * 20, prefix="new")}
+    v = only(evaluate_gate(cur, base))
+    assert v.test == "unpaired-boschloo" and v.verdict == "inconclusive"
+    assert v.min_detectable_drop > 0.10 and v.more_episodes_needed is not None
+    assert boschloo_exact_one_sided(17, 20, 32, 32) <= 0.05 < boschloo_exact_one_sided(18, 20, 32, 32)
+    assert unpaired_power(20, 32, 0.10, baseline_rate=1.0) == pytest.approx(0.3231, abs=1e-4)  # P(Bin(20, .1) >= 3)
 
 
 def test_pairing_needs_most_episodes_shared_on_both_sides() -> None:

@@ -281,6 +281,38 @@ def test_episodes_needed_refuses_impossible_requests() -> None:
         episodes_needed(0.5, baseline_rate=0.3, paired=True)
 
 
+def _region_power_by_brute_force(n: int, m: int, drop: float, p0: float, alpha: float, max_drop: float) -> float:
+    """Sum, over every table the gate's own test flags, of that table's probability."""
+    total = 0.0
+    for i in range(n + 1):
+        for j in range(m + 1):
+            p = (boschloo_exact_one_sided(i, n, j, m) if max_drop == 0.0
+                 else unpaired_noninferiority_exact(i, n, j, m, max_drop))
+            if p <= alpha:
+                total += binom_pmf(i, n, p0 - drop) * binom_pmf(j, m, p0)
+    return total
+
+
+@pytest.mark.parametrize("n, m, drop, p0, alpha, max_drop", [
+    (13, 32, 0.133, 1.0, 0.05, 0.0),  # a perfect baseline: the normal approximation said 0.80
+    (44, 10, 0.10, 1.0, 0.05, 0.0),  # and here 0.80 against 0.003
+    (8, 8, 0.3, 0.8, 0.05, 0.0),
+    (20, 15, 0.25, 0.7, 0.01, 0.0),
+    (12, 10, 0.3, 0.9, 0.05, 0.1),  # with a tolerance: the Farrington-Manning test's region
+    (15, 9, 0.2, 0.5, 0.05, 0.05),
+])
+def test_unpaired_power_is_the_probability_of_the_tests_own_rejection_region(n, m, drop, p0, alpha, max_drop):
+    exact = unpaired_power(n, m, drop, baseline_rate=p0, alpha=alpha, max_drop=max_drop)
+    assert exact == pytest.approx(_region_power_by_brute_force(n, m, drop, p0, alpha, max_drop), abs=1e-9)
+
+
+def test_a_small_perfect_baseline_cannot_show_a_ten_point_drop_however_many_episodes_run() -> None:
+    assert unpaired_power(44, 10, 0.10, baseline_rate=1.0) < 0.01
+    assert episodes_needed(0.10, baseline_rate=1.0, paired=False, n_baseline=10) is None
+    # beyond the exact sizes, the approximation does not take a perfect baseline as certainty either
+    assert unpaired_power(20_000, 10, 0.10, baseline_rate=1.0) < 0.8
+
+
 def test_unpaired_power_at_the_minimum_detectable_drop_is_about_the_target() -> None:
     """Simulate Boschloo's test at the drop the (normal) planning formula says it detects 80% of the time."""
     rng = np.random.default_rng(11)
