@@ -160,7 +160,8 @@ def aggregate(
             ci_high=high,
             mean_return=sum(returns) / len(returns) if returns else None,
             mean_steps=sum(steps) / len(steps) if steps else None,
-            episodes_per_hour=len(ran) * 3600.0 / busy if busy and ran else None,
+            # none for a task whose episodes all errored: failing fast is no throughput
+            episodes_per_hour=len(ran) * 3600.0 / busy if busy and ran and graded else None,
             reused=sum(1 for r in recs if r.reused),
         )
     return out

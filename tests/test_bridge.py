@@ -296,6 +296,7 @@ def test_ready_mode_is_refused_on_a_natively_batched_sim_with_the_fix():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "this sim steps all its slots in one batched call; use --hud-tick=auto" in out.stderr
+    assert "(a bridge started by hand: --tick)" in out.stderr
 
 
 def test_a_bad_secret_is_refused(bridge):

@@ -52,6 +52,16 @@ def good(tmp_path: Path) -> Path:
     return write_results(tmp_path / "good.jsonl", {TASK: (48, 50), OTHER: (30, 50)})
 
 
+def test_a_task_whose_episodes_all_errored_shows_no_throughput() -> None:
+    records = [EpisodeRecord(task="t", episode=str(i), nodeid=f"t[{i}]", seed=i, outcome="error",
+                             error="BadAction", duration_s=0.004, finished_at=100.0 + i * 0.004) for i in range(2)]
+    records.append(EpisodeRecord(task="u", episode="0", nodeid="u[0]", seed=0, outcome="passed", success=True,
+                                 duration_s=2.0, finished_at=100.0))
+    tasks = aggregate(records)
+    assert tasks["t"].errors == 2 and tasks["t"].episodes_per_hour is None
+    assert tasks["u"].episodes_per_hour == pytest.approx(1800.0)
+
+
 def test_report_prints_the_summary_table(good: Path, tmp_path: Path) -> None:
     proc = hud("report", str(good), "--width", "120", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

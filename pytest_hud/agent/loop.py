@@ -110,7 +110,9 @@ class Agent:
             yield
         except BridgeError as exc:
             self._notify_end(episode, str(exc))
-            raise EpisodeError(f"slot {episode.slot}: {exc}") from None
+            prefix = f"slot {episode.slot}: "
+            message = str(exc)  # the bridge's own errors name their slot already
+            raise EpisodeError(message if message.startswith(prefix) else prefix + message) from None
         except BaseException as exc:  # the model raised, or the test was interrupted
             self._notify_end(episode, f"{type(exc).__name__}: {exc}")
             raise

@@ -75,7 +75,7 @@ def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool) -> str:
                else "can only reset all its slots at once")
         raise ValueError(
             f"tick mode 'ready' needs a sim whose slots are independent envs, but this sim {why}; "
-            "use --hud-tick=auto or --hud-tick=lockstep")
+            "use --hud-tick=auto or --hud-tick=lockstep (a bridge started by hand: --tick)")
     return requested
 
 

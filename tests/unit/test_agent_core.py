@@ -226,3 +226,20 @@ def test_as_chunk_turns_a_discrete_scalar_into_a_chunk_of_one():
 
 def test_features_drops_the_reserved_keys():
     assert sorted(features(frame(reward=1.0, truncated=False, error=None))) == ["state"]
+
+
+@pytest.mark.parametrize("bridge_said, shown", [
+    ("slot 1: action of shape (3,), contract says (1,)", "slot 1: action of shape (3,), contract says (1,)"),
+    ("bridge sent nothing for 5 s", "slot 1: bridge sent nothing for 5 s"),
+])
+def test_a_bridge_error_names_its_slot_once(bridge_said, shown):
+    from types import SimpleNamespace
+
+    from pytest_hud.agent import Agent
+    from pytest_hud.bridge_protocol import BridgeError
+
+    agent = Agent(Chunker())
+    with pytest.raises(EpisodeError) as caught:
+        with agent._reporting(SimpleNamespace(slot=1)):
+            raise BridgeError(bridge_said)
+    assert str(caught.value) == shown
