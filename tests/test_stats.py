@@ -306,6 +306,21 @@ def test_unpaired_power_is_the_probability_of_the_tests_own_rejection_region(n, 
     assert exact == pytest.approx(_region_power_by_brute_force(n, m, drop, p0, alpha, max_drop), abs=1e-9)
 
 
+@pytest.mark.parametrize("p0", [0.5, 0.8, 0.9, 0.95, 0.99, 1.0])
+def test_beyond_the_exact_sizes_the_unpaired_power_never_exceeds_the_tests_own(p0) -> None:
+    """250 episodes a side is just past the exact computation: the approximation that takes over
+    must not claim more power than the test has (the gate would say pass without it)."""
+    from pytest_hud.binomial import _binom_pmf_matrix
+    from pytest_hud.power import _unpaired_rejection_region
+
+    region = _unpaired_rejection_region(250, 250, 0.05, 0.0).astype(float)
+    for drop in (0.01, 0.03, 0.05, 0.1):
+        if drop > p0:
+            continue
+        exact = _binom_pmf_matrix(250, np.array([p0 - drop]))[0] @ region @ _binom_pmf_matrix(250, np.array([p0]))[0]
+        assert unpaired_power(250, 250, drop, baseline_rate=p0) <= exact + 1e-9, (p0, drop)
+
+
 def test_a_small_perfect_baseline_cannot_show_a_ten_point_drop_however_many_episodes_run() -> None:
     assert unpaired_power(44, 10, 0.10, baseline_rate=1.0) < 0.01
     assert episodes_needed(0.10, baseline_rate=1.0, paired=False, n_baseline=10) is None
