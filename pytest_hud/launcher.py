@@ -40,6 +40,15 @@ class LaunchError(RuntimeError):
     """A service could not be started (the message carries the tail of its log)."""
 
 
+class ExitedWhileStarting(LaunchError):
+    """The service exited before announcing itself: started the same way, it fails the same way
+    (unless a signal killed it: ``returncode`` < 0)."""
+
+    def __init__(self, message: str, returncode: int) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
 class Service(Protocol):
     """A started bridge or policy server."""
 
@@ -144,7 +153,9 @@ class LocalLauncher:
         deadline = None if clock is not None else time.monotonic() + timeout
         while not announce.exists():
             if process.poll() is not None:
-                raise LaunchError(f"{what} exited with code {process.returncode} while starting:\n{log_tail(log)}")
+                raise ExitedWhileStarting(
+                    f"{what} exited with code {process.returncode} while starting:\n{log_tail(log)}",
+                    process.returncode)
             if deadline is None and clock is not None and clock.is_set():
                 deadline = time.monotonic() + timeout
             if deadline is not None and time.monotonic() > deadline:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import BridgeAddress
-from .launcher import Launcher, LaunchError, LocalLauncher, Service
+from .launcher import ExitedWhileStarting, Launcher, LaunchError, LocalLauncher, Service
 from .rpc import RpcError, RpcServer
 
 __all__ = ["PoolError", "BridgeSpec", "SimPool", "PoolService"]
@@ -100,6 +100,7 @@ class SimPool:
         #: What the run should be told about its bridges (a --hud-vectorization that did not apply), once each
         self.notes: dict[str, None] = {}
         self._worker_paths: dict[str, None] = {}  # the workers' project import paths (add_python_path)
+        self._start_failures: dict[tuple, str] = {}  # services that exited while starting: not started again
         self.closed = False
 
     # ---------------------------------------------------------------- routing
@@ -126,10 +127,23 @@ class SimPool:
                 self._retire(current)  # died on its own: replace it
                 current = None
             if current is None:
-                current = self._spawn(key, target, build or {})
+                current = self._once(key, lambda: self._spawn(key, target, build or {}))
                 with self._lock:
                     self._bridges[key] = current
             return current.address
+
+    def _once(self, key: tuple, start: Callable[[], Any]) -> Any:
+        """``start()`` the service of ``key`` (its key lock held), unless it already exited while
+        starting in this run: a bad checkpoint or sim fails every later start the same way, so
+        each later episode gets that error at once instead of minutes of restarts."""
+        failed = self._start_failures.get(key)
+        if failed is not None:
+            raise LaunchError(f"{failed}\n(started once in this run and not again: it exited while starting)")
+        try:
+            return start()
+        except ExitedWhileStarting as exc:
+            self._start_failures[key] = str(exc)
+            raise
 
     # --------------------------------------------------------------- spawning
     @property
@@ -239,14 +253,18 @@ class SimPool:
             if contract:
                 try:
                     service = self._prestarted_server(spec, replica, contract)
+                except ExitedWhileStarting as exc:
+                    if exc.returncode > 0:  # its own error (a bad checkpoint): a new one would fail alike
+                        self._start_failures[key] = str(exc)
+                        raise
                 except LaunchError:
-                    pass  # it died before or while loading: start one the usual way, whose error (if any) is reported
+                    pass  # it was killed before or while loading: start one the usual way, whose error (if any) is reported
             if service is None:
                 cmd, files = self._server_cmd(spec), None
                 if contract:
                     files = {"contract.json": json.dumps(contract)}
                     cmd += ["--contract", "{dir}/contract.json"]
-                service = self._launch(cmd, f"policy server for {spec!r}", "policy", files)
+                service = self._once(key, lambda: self._launch(cmd, f"policy server for {spec!r}", "policy", files))
             data = service.announce
             url = data.get("url") or f"ws://{data.get('host', self.spec.host)}:{data['ws']}"
             reply = {"url": url, "node": service.node, "host": data.get("host"), "replica": replica}

@@ -50,6 +50,7 @@ class HudSession:
         self.current_item: pytest.Item | None = None
         self.policy_hashes: dict[str | None, str | None] = {}  # content hash per policy spec (resume identity)
         self.policy_places: dict[str, dict[str, Any]] = {}  # policy spec -> its server's {"url", "node", "host"}
+        self._load_failures: dict[tuple[str, str], str] = {}  # (policy, contract) -> why it did not load
         self._recorders: list[Any] | None = None
 
     def project_paths(self) -> list[str]:
@@ -152,6 +153,9 @@ class HudSession:
     def agent(self, policy: str, contract: Contract) -> Agent:
         key = (policy, json.dumps(contract.to_dict(), sort_keys=True))
         agent = self.agents.get(key)
+        failed = self._load_failures.get(key)
+        if failed is not None:
+            raise EpisodeError(f"{failed} (it failed to load earlier in this worker, so it is not loaded again)")
         if agent is None:
             spec = policy
             served: dict[str, Any] = {}
@@ -172,7 +176,11 @@ class HudSession:
                                     timeout=self.settings.first_action_timeout,
                                     threads=_model_threads(), **served)
             except PolicyError as exc:
+                self._load_failures[key] = str(exc)
                 raise EpisodeError(str(exc)) from None
+            except Exception as exc:  # a corrupt checkpoint, a factory that raises: once per worker
+                self._load_failures[key] = f"cannot load policy {policy!r}: {type(exc).__name__}: {exc}"
+                raise EpisodeError(self._load_failures[key]) from exc  # the first one shows the traceback
             agent = Agent(
                 model,
                 observers=self.recorders,

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,7 +69,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=20, help="Held-out seeds per task (0..N-1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for reproducibility)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 0 < args.early_steps <= args.steps:
+        parser.error(f"--early-steps ({args.early_steps}) must be between 1 and --steps ({args.steps}): "
+                     "the early checkpoint is a snapshot taken on the way to the final one")
+    if args.dataset_dir is not None and not args.reuse_dataset and args.dataset_dir.exists() \
+            and any(args.dataset_dir.iterdir()):
+        parser.error(f"--dataset-dir {args.dataset_dir} already exists and is not empty: nothing is deleted "
+                     "here; pass --reuse-dataset to train on the dataset in it, or give a new folder")
+    return args
 
 
 def record_demonstrations(root: Path, episodes: int, workers: int) -> None:
@@ -150,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"--reuse-dataset: no LeRobot dataset at {root}; drop the flag to record one")
         else:
             if root.exists():
-                shutil.rmtree(root)
+                root.rmdir()  # empty (parse_args refuses a folder with anything in it): the recorder makes it
             root.parent.mkdir(parents=True, exist_ok=True)
             tick = time.perf_counter()
             record_demonstrations(root, args.episodes, args.workers)

@@ -285,6 +285,48 @@ def test_cli(shared_sim, robot_agent):
                                   "importable here, and it is not a registered gymnasium id*"])
 
 
+def test_a_sim_or_policy_server_that_exits_while_starting_is_started_once_and_every_episode_gets_its_error(project):
+    project.makepyfile(test_cartpole=BALANCE, broken="""
+import os
+
+def sim():
+    with open(os.path.join(os.path.dirname(__file__), "starts.txt"), "a") as fh:
+        fh.write("start\\n")
+    raise RuntimeError("this env cannot be built")
+""", test_broken="""
+import pytest
+
+@pytest.mark.parametrize("seed", range(4))
+def test_broken(shared_sim, robot_agent, seed):
+    robot_agent.run(shared_sim.episode(seed=seed))
+""")
+    result = run(project, "test_broken.py", "-n", "2", "--hud-sim=broken:sim")
+    result.assert_outcomes(errors=4)
+    result.stdout.fnmatch_lines(["*RuntimeError: this env cannot be built*"])
+    assert "not again: it exited while starting" in result.stdout.str()
+    assert (project.path / "starts.txt").read_text().count("start") == 1
+    # a policy server that cannot load its policy: the same, once per run
+    project.makepyfile(bad_policy="""
+import os
+
+def policy():
+    with open(os.path.join(os.path.dirname(__file__), "loads.txt"), "a") as fh:
+        fh.write("load\\n")
+    raise RuntimeError("these weights are corrupt")
+""")
+    served = run(project, "test_cartpole.py", "-n", "2", "--hud-policy-server", "--hud-policy=bad_policy:policy")
+    served.assert_outcomes(errors=6)
+    served.stdout.fnmatch_lines(["*no policy server for 'bad_policy:policy'*"])
+    assert (project.path / "loads.txt").read_text().count("load") == 1
+    # in the workers: loaded once per worker, every episode names the policy
+    (project.path / "loads.txt").unlink()
+    local = run(project, "test_cartpole.py", "-n", "2", "--hud-policy=bad_policy:policy")
+    local.assert_outcomes(errors=6)
+    local.stdout.fnmatch_lines(["*cannot load policy 'bad_policy:policy': RuntimeError: these weights are corrupt*"])
+    assert "not loaded again" in local.stdout.str()
+    assert (project.path / "loads.txt").read_text().count("load") <= 2  # one per worker
+
+
 def test_results_file_keeps_every_finished_episode_when_the_run_is_killed(project):
     project.makepyfile(test_slow='''
 import time, pytest

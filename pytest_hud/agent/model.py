@@ -77,7 +77,23 @@ def policy_kind(spec: str) -> str:
     raise PolicyError(
         f"policy {spec!r} is neither 'module:factory', 'path/to/file.py:factory', a LeRobot "
         "checkpoint directory (config.json + model.safetensors) nor a ws:// policy-server URL"
+        + _why_not_a_checkpoint(Path(spec).expanduser())
     )
+
+
+def _why_not_a_checkpoint(folder: Path) -> str:
+    """What a path given as a checkpoint lacks, as the end of an error message ('' when unsure)."""
+    from .lerobot import CONFIG_FILE, WEIGHTS_FILE
+
+    if not folder.exists():
+        return f": {str(folder)!r} does not exist"
+    if not folder.is_dir():
+        return f": {str(folder)!r} is a file, not a checkpoint directory"
+    missing = [name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (folder / name).is_file()]
+    if missing:
+        return f": {str(folder)!r} has no {' and no '.join(missing)}"
+    return (f": {str(folder / CONFIG_FILE)!r} names no policy \"type\" (is it a LeRobot policy checkpoint, "
+            "such as the pretrained_model folder of a training run?)")
 
 
 def _factory_file(spec: str) -> Path | None:
@@ -149,10 +165,13 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
     from ..sim.target import TargetError, resolve_factory
 
     try:
-        factory = resolve_factory(spec)
+        factory = resolve_factory(spec, what="policy")
     except (TargetError, ImportError) as exc:
         raise PolicyError(f"cannot load policy {spec!r}: {exc}") from None
-    if factory is None or not callable(factory):
+    if factory is None:
+        raise PolicyError(f"cannot load policy {spec!r}: no module {spec.rpartition(':')[0]!r} is importable "
+                          "here (name a module on the import path, or the file: 'path/to/file.py:factory')")
+    if not callable(factory):
         raise PolicyError(f"policy {spec!r} does not name a callable factory")
     try:
         takes_arg = bool(inspect.signature(factory).parameters)

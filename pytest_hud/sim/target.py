@@ -23,10 +23,10 @@ class TargetError(ValueError):
     """A sim target that cannot be found or built."""
 
 
-def _load_from_path(path: str, attr: str) -> Any:
+def _load_from_path(path: str, attr: str, what: str = "sim target") -> Any:
     file = Path(path).expanduser().resolve()
     if not file.is_file():
-        raise TargetError(f"sim target file {path!r} does not exist")
+        raise TargetError(f"{what} file {path!r} does not exist")
     name = f"_hud_sim_{abs(hash(str(file)))}"
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
@@ -44,13 +44,14 @@ def _load_from_path(path: str, attr: str) -> Any:
         raise TargetError(f"{path!r} has no attribute {attr!r}") from None
 
 
-def resolve_factory(target: str) -> Callable[..., Any] | None:
-    """The callable a ``module:attr`` or ``file.py:attr`` target names, or None for a gym id."""
+def resolve_factory(target: str, what: str = "sim target") -> Callable[..., Any] | None:
+    """The callable a ``module:attr`` or ``file.py:attr`` target names, or None for a gym id
+    (``what`` names the target in errors: a sim target, a policy)."""
     if ":" not in target:
         return None
     where, _, attr = target.rpartition(":")
     if where.endswith(".py") or "/" in where and Path(where).suffix == ".py":
-        return _load_from_path(where, attr)
+        return _load_from_path(where, attr, what)
     try:
         module = importlib.import_module(where)
     except ModuleNotFoundError as exc:

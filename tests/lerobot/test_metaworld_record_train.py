@@ -68,3 +68,24 @@ def test_shipped_checkpoint_loads_and_runs_every_task(pytester, monkeypatch, nam
         assert all(n >= 2 for n in solved.values()), solved
     else:
         assert sum(solved.values()) <= 6, solved  # the early snapshot is clearly worse
+
+
+def test_the_checkpoint_script_refuses_a_dataset_folder_it_would_delete_and_steps_it_cannot_take(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_metaworld_checkpoints.py"
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("precious")
+
+    def refused(*args: str) -> str:
+        out = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), *args],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        return out.stderr
+
+    assert "already exists and is not empty: nothing is deleted" in refused("--dataset-dir", str(kept))
+    assert (kept / "notes.txt").read_text() == "precious"
+    assert "--early-steps (100) must be between 1 and --steps (10)" in refused("--steps", "10")
+    assert not (tmp_path / "out").exists()
