@@ -133,16 +133,18 @@ class SimPool:
             return current.address
 
     def _once(self, key: tuple, start: Callable[[], Any]) -> Any:
-        """``start()`` the service of ``key`` (its key lock held), unless it already exited while
-        starting in this run: a bad checkpoint or sim fails every later start the same way, so
-        each later episode gets that error at once instead of minutes of restarts."""
+        """``start()`` the service of ``key`` (its key lock held), unless it already exited on its own
+        error while starting in this run: a bad checkpoint or sim fails every later start the same
+        way, so each later episode gets that error at once instead of minutes of restarts. One
+        killed by a signal is started again."""
         failed = self._start_failures.get(key)
         if failed is not None:
             raise LaunchError(f"{failed}\n(started once in this run and not again: it exited while starting)")
         try:
             return start()
         except ExitedWhileStarting as exc:
-            self._start_failures[key] = str(exc)
+            if exc.returncode > 0:
+                self._start_failures[key] = str(exc)
             raise
 
     # --------------------------------------------------------------- spawning
@@ -249,22 +251,7 @@ class SimPool:
             known = self._servers.get(key)
             if known is not None and known[0].poll() is None:
                 return known[1]
-            service = None
-            if contract:
-                try:
-                    service = self._prestarted_server(spec, replica, contract)
-                except ExitedWhileStarting as exc:
-                    if exc.returncode > 0:  # its own error (a bad checkpoint): a new one would fail alike
-                        self._start_failures[key] = str(exc)
-                        raise
-                except LaunchError:
-                    pass  # it was killed before or while loading: start one the usual way, whose error (if any) is reported
-            if service is None:
-                cmd, files = self._server_cmd(spec), None
-                if contract:
-                    files = {"contract.json": json.dumps(contract)}
-                    cmd += ["--contract", "{dir}/contract.json"]
-                service = self._once(key, lambda: self._launch(cmd, f"policy server for {spec!r}", "policy", files))
+            service = self._once(key, lambda: self._start_policy_server(spec, replica, contract))
             data = service.announce
             url = data.get("url") or f"ws://{data.get('host', self.spec.host)}:{data['ws']}"
             reply = {"url": url, "node": service.node, "host": data.get("host"), "replica": replica}
@@ -272,6 +259,23 @@ class SimPool:
                 reply["key"] = data["key"]  # a server this run did not start: its own key, not the secret
             self._servers[key] = (service, reply)
             return reply
+
+    def _start_policy_server(self, spec: str, replica: int, contract: dict[str, Any] | None) -> Service:
+        """The prestarted server for (spec, replica) given ``contract``, else one started now."""
+        if contract:
+            try:
+                service = self._prestarted_server(spec, replica, contract)
+            except LaunchError as exc:
+                if isinstance(exc, ExitedWhileStarting) and exc.returncode > 0:
+                    raise  # its own error (a bad checkpoint): a new one would fail alike
+                service = None  # killed or timed out: start one the usual way, whose error (if any) is reported
+            if service is not None:
+                return service
+        cmd, files = self._server_cmd(spec), None
+        if contract:
+            files = {"contract.json": json.dumps(contract)}
+            cmd += ["--contract", "{dir}/contract.json"]
+        return self._launch(cmd, f"policy server for {spec!r}", "policy", files)
 
     def _spawn(self, key: tuple, target: str, build: dict[str, Any]) -> _Bridge:
         spec = self.spec

@@ -166,9 +166,9 @@ def _unpaired_rejection_region(n: int, n_baseline: int, alpha: float, max_drop: 
         new_rates = np.clip(base_rates - max_drop, 0.0, 1.0)
     flat = stat.ravel()
     order = np.argsort(flat, kind="stable")
-    ranked = flat[order]
+    ranked, ranked_tie = flat[order], tie.ravel()[order]
     # The region of a table's threshold takes the tables that tie with it too (as the tests do).
-    ends = np.searchsorted(ranked, ranked + tie.ravel()[order], side="right") - 1
+    ends = np.searchsorted(ranked, ranked + ranked_tie, side="right") - 1
     size = np.zeros(flat.size)
     b_new = _binom_pmf_matrix(n, new_rates)
     b_base = _binom_pmf_matrix(n_baseline, base_rates)
@@ -178,7 +178,7 @@ def _unpaired_rejection_region(n: int, n_baseline: int, alpha: float, max_drop: 
     k = int(np.searchsorted(size, alpha, side="right")) - 1  # sizes grow with the threshold
     while k >= 0 and p_value(int(rows[k]), int(cols[k])) > alpha:
         k = int(np.searchsorted(ranked, ranked[k], side="left")) - 1  # below the tables tied with it
-    region = stat <= (ranked[k] + tie.ravel()[order][k]) if k >= 0 else np.zeros(stat.shape, bool)
+    region = stat <= (ranked[k] + ranked_tie[k]) if k >= 0 else np.zeros(stat.shape, bool)
     region.flags.writeable = False  # cached and shared
     return region
 
@@ -213,10 +213,11 @@ def unpaired_power(
         return alpha  # a drop within the tolerance is flagged at most this often (the size of the test)
     p1 = max(0.0, p0 - drop)
     if (n + 1) * (n_baseline + 1) <= _EXACT_UNPAIRED_TABLES:
+        from .stats import _two_binomial_region_probability  # stats imports this module
+
         region = _unpaired_rejection_region(n, n_baseline, float(alpha), float(max_drop))
-        b_new = _binom_pmf_matrix(n, np.array([p1]))[0]
-        b_base = _binom_pmf_matrix(n_baseline, np.array([p0]))[0]
-        return float(min(1.0, b_new @ region.astype(float) @ b_base))
+        power = _two_binomial_region_probability(region, n, n_baseline, np.array([p1]), np.array([p0]))
+        return float(min(1.0, power[0]))
     from .stats import wilson_interval  # stats imports this module
 
     pb = max(0.0, p0 - max_drop)

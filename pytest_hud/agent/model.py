@@ -162,15 +162,15 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
             )
         except ImportError as exc:  # its message already names the fix
             raise PolicyError(str(exc)) from None
-    from ..sim.target import TargetError, resolve_factory
+    from ..sim.target import TargetError, resolve_factory, unimportable
 
     try:
         factory = resolve_factory(spec, what="policy")
     except (TargetError, ImportError) as exc:
         raise PolicyError(f"cannot load policy {spec!r}: {exc}") from None
     if factory is None:
-        raise PolicyError(f"cannot load policy {spec!r}: no module {spec.rpartition(':')[0]!r} is importable "
-                          "here (name a module on the import path, or the file: 'path/to/file.py:factory')")
+        raise PolicyError(f"cannot load policy {spec!r}: {unimportable(spec.rpartition(':')[0])} (name a module "
+                          "on the import path, or the file: 'path/to/file.py:factory')")
     if not callable(factory):
         raise PolicyError(f"policy {spec!r} does not name a callable factory")
     try:

@@ -146,6 +146,15 @@ def success_from_infos(infos: Mapping[str, Any], n: int) -> np.ndarray:
     return out
 
 
+def sim_stats(sim: VectorSim) -> Any:
+    """The sim's own counters when it keeps any (``stats()``, e.g. a multi-task sim's env builds)."""
+    stats = getattr(sim, "stats", None)
+    try:
+        return stats() if callable(stats) else None
+    except Exception:  # noqa: BLE001 - counters are informational
+        return None
+
+
 class GymSim(VectorSim):
     """A gymnasium vector env with autoreset disabled, reset per slot through ``reset_mask``.
 

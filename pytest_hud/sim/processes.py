@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..contract import Contract
-from .base import StepBatch, VectorSim
+from .base import StepBatch, VectorSim, sim_stats
 
 __all__ = ["ProcessSim"]
 
@@ -49,11 +49,6 @@ def _exit_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _stats(sim: VectorSim) -> Any:
-    stats = getattr(sim, "stats", None)
-    return stats() if callable(stats) else None
-
-
 def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str, Any],
            control_rate: float | None) -> None:
     """A block's process: build the sim, then answer the bridge's calls until closed."""
@@ -64,7 +59,7 @@ def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str
     try:
         sim = load_sim(target, width, "sync", build_args, control_rate)
         conn.send(("ok", (sim.contract().to_dict(), sim.supports_slot_step, sim.supports_slot_reset,
-                          sim.observe(), tuple(getattr(sim, "tasks", ()) or ()), _stats(sim))))
+                          sim.observe(), tuple(getattr(sim, "tasks", ()) or ()), sim_stats(sim))))
     except BaseException:  # noqa: BLE001 - the bridge reports it with the target
         conn.send(("error", traceback.format_exc()))
         return
@@ -84,7 +79,7 @@ def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str
                     # a multi-task sim takes each slot's task; other sims are never passed one
                     flags = (sim.reset_slots(indices, seeds, options) if tasks is None
                              else sim.reset_slots(indices, seeds, options, tasks=tasks))
-                    out: Any = (flags, _stats(sim))  # its counters change on resets (env builds)
+                    out: Any = (flags, sim_stats(sim))  # its counters change on resets (env builds)
                 elif call == "step":
                     out = _batch_fields(sim.step(*args))
                 else:

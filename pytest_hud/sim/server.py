@@ -24,7 +24,7 @@ import numpy as np
 
 from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, pack_frame, packb, unpack_action, unpackb
-from .base import VectorSim
+from .base import VectorSim, sim_stats
 from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
 from .failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
 from .slots import Slot, SlotState
@@ -148,7 +148,7 @@ class BridgeServer:
             "wave": engine.wave,
             "tick": engine.tick,
             "tasks": list(engine.tasks),
-            "sim": _sim_stats(self.sim),
+            "sim": sim_stats(self.sim),
         }
 
     async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
@@ -573,15 +573,6 @@ def _explain(trace: str) -> str:
         lines[-1] += ("; this sim runs an asyncio event loop of its own, so serve it with its sockets "
                       "on another thread: --hud-io-thread (bridge: --io-thread)")
     return "\n".join(lines)
-
-
-def _sim_stats(sim: VectorSim) -> Any:
-    """The sim's own counters when it keeps any (``stats()``, e.g. a multi-task sim's env builds)."""
-    stats = getattr(sim, "stats", None)
-    try:
-        return stats() if callable(stats) else None
-    except Exception:  # noqa: BLE001 - counters are informational
-        return None
 
 
 def _fail(conn: WsConnection, failure: SlotFailure) -> None:

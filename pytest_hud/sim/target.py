@@ -64,6 +64,11 @@ def resolve_factory(target: str, what: str = "sim target") -> Callable[..., Any]
         raise TargetError(f"module {where!r} has no attribute {attr!r}") from None
 
 
+def unimportable(module: str) -> str:
+    """How an error says that ``module`` (of a ``module:factory``) cannot be imported."""
+    return f"no module {module!r} is importable here"
+
+
 def _check_gym_id(target: str) -> None:
     import gymnasium as gym
 
@@ -71,8 +76,7 @@ def _check_gym_id(target: str) -> None:
         gym.spec(target)
     except Exception as exc:  # gymnasium raises several error types for unknown ids
         module = target.rpartition(":")[0]
-        where = (f"no module {module!r} is importable here, and it is " if ":" in target and "/" not in module
-                 else "")
+        where = f"{unimportable(module)}, and it is " if ":" in target and "/" not in module else ""
         raise TargetError(
             f"unknown sim target {target!r}: {where}not a registered gymnasium id ({exc}); "
             "use a gymnasium id such as CartPole-v1, 'module:factory' with the module on the import "
