@@ -15,6 +15,8 @@ Bridges, measured in turn, ``--repeat`` times, interleaved (the machine is share
 
 - ``this checkout``: ``python -m pytest_hud.sim Pendulum-v1 --width 8`` from this tree;
 - ``--before REF``: the same command from ``git archive REF`` (e.g. ``--before main``);
+- ``--unix``: this checkout's bridge again, the same client dialling its abstract Unix socket
+  (what pytest-hud's own workers use on the bridge's host); a transport HUD's bridge lacks;
 - ``hud GymBridge``: the HUD SDK's ``hud.environment.robot.GymBridge`` when ``hud`` is
   importable (in this interpreter or ``--hud-python``); skipped with the reason otherwise.
 
@@ -54,7 +56,7 @@ async def _lean_client(spec: dict) -> None:
     """Runs in its own process: ``width`` slots, zero actions; prints ``ready`` then ``done N``."""
     import msgpack
     import numpy as np
-    from websockets.asyncio.client import connect
+    from websockets.asyncio.client import connect, unix_connect
 
     width, ticks, warm = spec["width"], spec["ticks"], spec["warmup"]
     action = msgpack.packb({"actions": _pack_array(np.zeros(spec["action_dim"], np.float32))})
@@ -99,7 +101,10 @@ async def _lean_client(spec: dict) -> None:
         while not marks["stop"].is_set():
             token = await claim(call, seed)
             seed += width
-            async with connect(url, compression=None, max_size=None, ping_interval=None) as ws:
+            unix = spec.get("unix")
+            dial = (unix_connect("\0" + unix[1:], url, compression=None, max_size=None, ping_interval=None)
+                    if unix else connect(url, compression=None, max_size=None, ping_interval=None))
+            async with dial as ws:
                 await ws.recv()  # metadata
                 await ws.send(msgpack.packb({"claim": token}))
                 frame = msgpack.unpackb(await ws.recv())
@@ -160,8 +165,8 @@ def hud_available(python: str) -> str | None:
     return None
 
 
-def start(kind: str, code_root: Path | None, python: str, width: int, workdir: Path):
-    """A bridge subprocess and what the client needs to reach it."""
+def start(kind: str, code_root: Path | None, python: str, width: int, workdir: Path, unix: bool = False):
+    """A bridge subprocess and what the client needs to reach it (``unix``: its Unix socket)."""
     env = dict(os.environ, SDL_VIDEODRIVER="dummy")
     if kind == "pytest-hud":
         env["PYTHONPATH"] = str(code_root)
@@ -177,8 +182,10 @@ def start(kind: str, code_root: Path | None, python: str, width: int, workdir: P
             time.sleep(0.02)
         time.sleep(0.05)
         info = json.loads(announce.read_text())
+        if unix and not info.get("ws_unix"):
+            raise SystemExit(f"the bridge from {code_root} has no Unix socket (older tree, or not Linux)")
         return proc, {"control": info["control"], "ws": f"ws://127.0.0.1:{info['ws']}",
-                      "secret": info["secret"]}
+                      "secret": info["secret"], "unix": info.get("ws_unix") if unix else None}
     env["PYTHONPATH"] = str(ROOT / "benchmarks")  # null_env, for the gymnasium id that imports it
     proc = subprocess.Popen([python, "-c", HUD_BRIDGE, str(width), ENVS[ENV[0]][1]], env=env, cwd=workdir,
                             stdout=subprocess.PIPE, text=True)
@@ -193,8 +200,9 @@ def start(kind: str, code_root: Path | None, python: str, width: int, workdir: P
     return proc, {"control": port, "ws": None, "secret": None}
 
 
-def measure(label: str, kind: str, code_root: Path | None, python: str, args, workdir: Path) -> dict:
-    proc, where = start(kind, code_root, python, args.width, workdir)
+def measure(label: str, kind: str, code_root: Path | None, python: str, args, workdir: Path,
+            unix: bool = False) -> dict:
+    proc, where = start(kind, code_root, python, args.width, workdir, unix)
     spec = dict(where, kind=kind, width=args.width, ticks=args.ticks, warmup=args.warmup, action_dim=1)
     client = subprocess.Popen([sys.executable, __file__, "--client", json.dumps(spec)],
                               stdout=subprocess.PIPE, text=True)
@@ -226,6 +234,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=300, help="Ticks before the measured window")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--no-hud", action="store_true", help="Skip the HUD SDK's GymBridge")
+    parser.add_argument("--unix", action="store_true",
+                        help="Also drive this checkout's bridge over its Unix socket, as same-host workers "
+                             "do (the same client; HUD's bridge has no such socket, so that row is not like "
+                             "for like with it)")
     parser.add_argument("--hud-python", default=sys.executable,
                         help="Interpreter with `hud` installed for the GymBridge run")
     parser.add_argument("--env", default="pendulum", choices=sorted(ENVS),
@@ -240,20 +252,22 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        setups = [("this checkout", "pytest-hud", ROOT, sys.executable)]
+        setups = [("this checkout", "pytest-hud", ROOT, sys.executable, False)]
+        if args.unix:
+            setups.append(("this, Unix socket", "pytest-hud", ROOT, sys.executable, True))
         if args.before:
             before = extract_package(args.before, workdir / "before")
-            setups.insert(0, (f"before ({args.before})", "pytest-hud", before, sys.executable))
+            setups.insert(0, (f"before ({args.before})", "pytest-hud", before, sys.executable, False))
         if not args.no_hud:
             why = hud_available(args.hud_python)
             if why is None:
-                setups.append(("hud GymBridge", "hud", None, args.hud_python))
+                setups.append(("hud GymBridge", "hud", None, args.hud_python, False))
             else:
                 print(f"hud GymBridge          skipped: {why}")
         rows = []
         for _ in range(args.repeat):
-            for label, kind, root, python in setups:
-                rows.append(measure(label, kind, root, python, args, workdir))
+            for label, kind, root, python, unix in setups:
+                rows.append(measure(label, kind, root, python, args, workdir, unix))
                 r = rows[-1]
                 threads = "  ".join(f"{k} {r['us'][k]:6.1f}" for k in ("main", "other threads", "user", "system")
                                     if r["us"].get(k, 0.0) > 0.5)

@@ -30,7 +30,7 @@ from git_ref import extract_package
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def worker(announce: str, episodes: int, video_dir: str) -> None:
+def worker(announce: str, episodes: int, video_dir: str, transport: str = "any") -> None:
     """Runs in a subprocess with the package under test first on ``sys.path``."""
     import numpy as np
 
@@ -38,7 +38,10 @@ def worker(announce: str, episodes: int, video_dir: str) -> None:
     from pytest_hud.client import BridgeAddress, ControlClient
     from pytest_hud.episode import Episode
 
-    control = ControlClient(BridgeAddress.from_announce(announce))
+    data = json.loads(Path(announce).read_text())
+    if transport == "tcp":
+        data.pop("ws_unix", None)
+    control = ControlClient(BridgeAddress.from_dict(data))
     contract = control.contract()
     zero = np.zeros(contract.action.shape, np.float32)
     policy_cpu = [0.0]
@@ -81,14 +84,16 @@ def worker(announce: str, episodes: int, video_dir: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--before", help="Also measure the worker code of this git ref (e.g. main)")
     parser.add_argument("--sim", default="Pendulum-v1")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tcp-too", action="store_true",
+                        help="Also run this checkout's worker over TCP instead of the bridge's Unix socket")
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker[0], int(args.worker[1]), args.worker[2])
+        worker(args.worker[0], int(args.worker[1]), args.worker[2], args.worker[3])
         return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -102,15 +107,17 @@ def main() -> None:
                     raise SystemExit("the bridge failed to start")
                 time.sleep(0.02)
             time.sleep(0.05)
-            setups = [("this checkout", ROOT)]
+            setups = [("this checkout", ROOT, "any")]
+            if args.tcp_too:
+                setups.append(("this over TCP", ROOT, "tcp"))
             if args.before:
-                setups.insert(0, (f"before ({args.before})", extract_package(args.before, workdir / "before")))
-            results: dict[str, list[float]] = {label: [] for label, _ in setups}
+                setups.insert(0, (f"before ({args.before})", extract_package(args.before, workdir / "before"), "any"))
+            results: dict[str, list[float]] = {label: [] for label, _, _ in setups}
             for _ in range(args.repeat):
-                for label, root in setups:
+                for label, root, transport in setups:
                     out = subprocess.run(
                         [sys.executable, __file__, "--worker", str(announce), str(args.episodes),
-                         str(workdir / "videos")],
+                         str(workdir / "videos"), transport],
                         env=dict(env, PYTHONPATH=str(root)), capture_output=True, text=True)
                     if out.returncode != 0:
                         raise SystemExit(f"{label}: the worker failed:\n{out.stderr[-3000:]}")

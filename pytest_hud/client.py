@@ -61,6 +61,7 @@ class BridgeAddress:
     pid: int | None = None
     width: int | None = None
     node: str | None = None  # the cluster node it runs on (Ray node id), when placed remotely
+    ws_unix: str | None = None  # the slot WebSocket on a Unix socket, used when it is on this host
 
     @property
     def ws_url(self) -> str:
@@ -88,13 +89,14 @@ class BridgeAddress:
                 pid=data.get("pid"),
                 width=data.get("width"),
                 node=data.get("node"),
+                ws_unix=data.get("ws_unix"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BridgeError(f"announce data lacks {exc}; expected control, ws and secret") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"control": self.control, "ws": self.ws, "secret": self.secret, "host": self.host,
-                "pid": self.pid, "width": self.width, "node": self.node}
+                "pid": self.pid, "width": self.width, "node": self.node, "ws_unix": self.ws_unix}
 
 
 class ControlClient:
@@ -195,10 +197,10 @@ class SlotClient:
                  connect_timeout: float = 30.0, recv_timeout: float = 360.0) -> None:
         from .wsconn import BlockingWebSocket
 
-        url = address.ws_url if isinstance(address, BridgeAddress) else address
+        url, unix = (address.ws_url, address.ws_unix) if isinstance(address, BridgeAddress) else (address, None)
         self.recv_timeout = recv_timeout
         try:
-            self._ws = BlockingWebSocket(url, MAX_FRAME_BYTES, connect_timeout)
+            self._ws = BlockingWebSocket(url, MAX_FRAME_BYTES, connect_timeout, unix=unix)
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
             raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
         try:
@@ -254,14 +256,27 @@ class AsyncSlotClient:
     @classmethod
     async def connect(cls, address: BridgeAddress | str, token: str | None, *,
                       connect_timeout: float = 30.0, recv_timeout: float = 360.0) -> AsyncSlotClient:
-        from websockets.asyncio.client import connect
+        from websockets.asyncio.client import connect, unix_connect
 
-        url = address.ws_url if isinstance(address, BridgeAddress) else address
-        try:
-            ws = await connect(url, compression=None, max_size=MAX_FRAME_BYTES,
-                               open_timeout=connect_timeout, close_timeout=2, ping_interval=None)
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
-            raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
+        from .wsconn import unix_address, unreachable
+
+        url, name = (address.ws_url, address.ws_unix) if isinstance(address, BridgeAddress) else (address, None)
+        options = dict(compression=None, max_size=MAX_FRAME_BYTES, open_timeout=connect_timeout,
+                       close_timeout=2, ping_interval=None)
+        ws = None
+        unix = unix_address(name) if name else None
+        if unix is not None:  # the bridge's Unix socket, when it is on this host
+            try:
+                ws = await unix_connect(unix, url, **options)
+            except OSError:
+                unreachable(name)  # type: ignore[arg-type]
+            except (InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
+                raise BridgeError(f"cannot open the slot WebSocket at {name}: {exc}") from None
+        if ws is None:
+            try:
+                ws = await connect(url, **options)
+            except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
+                raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
         self = cls(ws, recv_timeout)
         try:
             self.metadata = read_frame(await self._recv(connect_timeout), "metadata")

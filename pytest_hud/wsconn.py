@@ -10,8 +10,9 @@ callers read them as they would from websockets.
 
 from __future__ import annotations
 
-import select
 import socket
+import struct
+import sys
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -48,7 +49,7 @@ class BlockingWebSocket:
     """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP socket."""
 
     def __init__(self, url: str, max_size: int, open_timeout: float = 30.0,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, unix: str | None = None) -> None:
         host, port, path = _parse_url(url)
         self._reader = FrameReader(max_size, masked=False)
         self._messages: deque[bytes | str] = deque()
@@ -57,13 +58,16 @@ class BlockingWebSocket:
         self._rcvd_first = False  # whether the server's close came before ours
         self._state = _OPEN
         deadline = time.monotonic() + open_timeout
-        self._sock = socket.create_connection((host, port), timeout=open_timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # Non-blocking, waited on with poll(): settimeout() per read would cost an extra system
-        # call on every message, and reads are the hot path (one per observation).
-        self._sock.setblocking(False)
-        self._poll = select.poll()
-        self._poll.register(self._sock, select.POLLIN)
+        self._sock = _unix_connection(unix, open_timeout) if unix else None
+        if self._sock is None:
+            self._sock = socket.create_connection((host, port), timeout=open_timeout)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A blocking socket whose reads time out in the kernel (SO_RCVTIMEO, set only when the
+        # timeout changes): one recv() per message. A Python-level timeout, or poll() before each
+        # read, costs a second system call on every observation, and reads are the hot path.
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(_SEND_TIMEOUT))
+        self._recv_timeout = -1.0  # what SO_RCVTIMEO is set to (-1: not set)
         try:
             self._handshake(host, port, path, dict(headers or {}), deadline)
         except BaseException:
@@ -93,24 +97,22 @@ class BlockingWebSocket:
 
     # ------------------------------------------------------------------ I/O
     def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self._sock.send(view):]
-            except BlockingIOError:  # the peer is not reading: wait until it does
-                if not select.select([], [self._sock], [], 30.0)[1]:
-                    raise TimeoutError("the peer read nothing for 30 s") from None
+        try:
+            self._sock.sendall(data)
+        except BlockingIOError:  # SO_SNDTIMEO: the peer is not reading
+            raise TimeoutError(f"the peer read nothing for {_SEND_TIMEOUT:g} s") from None
 
-    def _read_some(self, timeout: float) -> bytes | None:
-        """Bytes from the socket (``b""`` at EOF), or None when woken without data."""
+    def _read_some(self, timeout: float) -> bytes:
+        """Bytes from the socket (``b""`` at EOF); raises ``TimeoutError`` after ``timeout`` s."""
         if timeout <= 0:
             raise TimeoutError("timed out")
-        if not self._poll.poll(timeout * 1000.0):  # readable, closed or failed: recv() tells which
-            raise TimeoutError("timed out")
+        if timeout != self._recv_timeout:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
+            self._recv_timeout = timeout
         try:
             return self._sock.recv(262144)
-        except BlockingIOError:
-            return None  # woken without data (spurious): the caller loops until its deadline
+        except BlockingIOError:  # SO_RCVTIMEO ran out
+            raise TimeoutError("timed out") from None
         except (ConnectionResetError, BrokenPipeError):
             return b""
 
@@ -160,17 +162,19 @@ class BlockingWebSocket:
         messages = self._messages
         if messages:
             return messages.popleft()
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        wait = timeout  # the same value call after call: SO_RCVTIMEO stays as it is
         while not messages:
             if self._state == _CLOSED or self._sock.fileno() < 0:
                 raise self._closed()
             try:
-                data = self._read_some(deadline - time.monotonic())
+                data = self._read_some(wait)
+            except TimeoutError:
+                raise
             except OSError:
                 self._shut()
                 raise self._closed() from None
-            if data is None:
-                continue
+            wait = timeout - (time.monotonic() - start)  # a message in several reads: what is left
             if not data:
                 self._shut()
                 continue
@@ -195,15 +199,56 @@ class BlockingWebSocket:
             deadline = time.monotonic() + 2.0
             while self._state != _CLOSED and self._sock.fileno() >= 0:  # until the server closes TCP
                 data = self._read_some(deadline - time.monotonic())
-                if data == b"":
+                if not data:
                     break
-                if data:
-                    self._frames(data)
+                self._frames(data)
         except (OSError, TimeoutError, ConnectionClosed):
             pass
         finally:
             self._state = _CLOSED
             self._sock.close()
+
+
+_SEND_TIMEOUT = 30.0
+_UNREACHABLE: set[str] = set()  # Unix socket names that were not there: not tried again
+
+
+def unix_address(name: str) -> str | None:
+    """The socket address of the Unix socket ``name`` (``@name``: Linux's abstract namespace), or
+    None when it is known not to be on this host or the OS has no Unix sockets."""
+    if name in _UNREACHABLE or not hasattr(socket, "AF_UNIX"):
+        return None
+    return "\0" + name[1:] if name.startswith("@") else name
+
+
+def unreachable(name: str) -> None:
+    """``name`` could not be dialled: later connections go straight to TCP."""
+    _UNREACHABLE.add(name)
+
+
+def _unix_connection(name: str, timeout: float) -> socket.socket | None:
+    """A connection to the Unix socket ``name``, or None when it is not on this host (the caller
+    dials TCP instead)."""
+    address = unix_address(name)
+    if address is None:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(address)
+    except OSError:  # another host or network namespace, or gone: TCP says which
+        sock.close()
+        unreachable(name)
+        return None
+    return sock
+
+
+def _timeval(seconds: float) -> bytes:
+    """A ``struct timeval`` for SO_RCVTIMEO / SO_SNDTIMEO (never 0, which means no limit)."""
+    usec = max(1, round(seconds * 1e6))
+    if sys.platform == "win32":  # a DWORD of milliseconds there
+        return struct.pack("@L", min(max(1, usec // 1000), 0xFFFFFFFF))
+    return struct.pack("@ll", usec // 1_000_000, usec % 1_000_000)
 
 
 def _parse_url(url: str) -> tuple[str, int, str]:

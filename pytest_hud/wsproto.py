@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import random
 import struct
 
 try:  # websockets' C helper: XOR with a 4-byte key at memory speed
@@ -87,9 +88,18 @@ def encode_frame(opcode: int, payload: bytes, mask: bool = False) -> bytes:
     else:
         head = bytes((first, bit | 127)) + _U64.pack(n)
     if mask:
-        key = os.urandom(4)
+        key = _MASK_KEYS.getrandbits(32).to_bytes(4, "big")
         return head + key + _apply_mask(payload, key)
     return head + payload
+
+
+# Mask keys come from a generator seeded from the OS (and reseeded in a forked child), not from
+# os.urandom per frame: that is a system call per step. A key only has to be unknown to whatever
+# sits between client and server (RFC 6455 §10.3), and this generator's state never leaves the
+# process; aiohttp's client draws its keys the same way.
+_MASK_KEYS = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_MASK_KEYS.seed)
 
 
 def frame_header(opcode: int, n: int) -> bytes:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +18,14 @@ import pytest
 
 from conftest import SIMKIT, run_threads
 from pytest_hud.agent import Agent
-from pytest_hud.client import BridgeAddress, BridgeError, ControlClient, SlotClient
+from pytest_hud.client import (
+    AsyncControlClient,
+    AsyncSlotClient,
+    BridgeAddress,
+    BridgeError,
+    ControlClient,
+    SlotClient,
+)
 from pytest_hud.episode import Episode
 
 pytestmark = pytest.mark.timeout(60)
@@ -196,14 +206,52 @@ def test_a_sim_exception_sends_error_frames_and_marks_the_bridge_broken(bridge, 
             a.reset(seed=3, wait=5)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix sockets are Linux's")
+def test_slot_clients_on_the_bridges_host_take_its_unix_socket_and_see_the_same_episode(bridge):
+    address = bridge("Pendulum-v1", 1)
+    assert address.ws_unix and address.ws_unix.startswith("@pytest-hud-ws-")
+    zero = np.zeros(1, np.float32)
+    runs = {}
+    with ControlClient(address) as control:
+        for via in (address, dataclasses.replace(address, ws_unix=None)):
+            claim = control.reset(seed=7)
+            with SlotClient(via, claim.token, recv_timeout=20) as ws:
+                runs[ws._ws._sock.family] = [ws.first_observation["state"].tolist()] + [
+                    ws.step(zero)["state"].tolist() for _ in range(20)]
+            control.result(claim.token)
+    assert set(runs) == {socket.AF_UNIX, socket.AF_INET}
+    assert runs[socket.AF_UNIX] == runs[socket.AF_INET]
+
+    async def asyncio_run(via):  # the asyncio client takes the Unix socket the same way
+        control = await AsyncControlClient.connect(via)
+        claim = await control.reset(seed=7)
+        slot = await AsyncSlotClient.connect(via, claim.token, recv_timeout=20)
+        family = slot._ws.transport.get_extra_info("socket").family
+        states = [slot.first_observation["state"].tolist()] + [
+            (await slot.step(zero))["state"].tolist() for _ in range(20)]
+        await slot.close()
+        await control.result(claim.token)
+        await control.close()
+        return family, states
+
+    assert asyncio.run(asyncio_run(address)) == (socket.AF_UNIX, runs[socket.AF_UNIX])
+    assert asyncio.run(asyncio_run(dataclasses.replace(address, ws_unix="@pytest-hud-ws-0-gone"))) == (
+        socket.AF_INET, runs[socket.AF_UNIX])
+
+
 def test_cartpole_with_discrete_actions_runs_an_episode(bridge):
     address = bridge("CartPole-v1", 2)
     with ControlClient(address) as control:
         contract = control.contract()
         assert contract.action.type == "discrete"
-        agent = Agent(lambda obs: int(obs["state"][2] + 0.5 * obs["state"][3] > 0))
+        free = signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+        agent = Agent(lambda obs: int(obs["state"][2] + 0.5 * obs["state"][3] > 0),
+                      first_action_timeout=60.0, step_timeout=30.0)
         result = agent.run(Episode(control, contract, seed=1), max_steps=200)
     assert result.steps == 200 and result.total_reward == 200.0 and result.error is None
+    if free:  # the watchdog watched every step with one timer; the episode's end stopped it
+        assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_wave_fallback_claims_wait_for_the_next_global_reset(bridge):

@@ -9,6 +9,7 @@ its frames back::
     action = loop.begin(first_frame)
     while action is not None:
         action = loop.observe(slot.step(action))
+    loop.close()  # in a finally: stops the watchdog's timer
     loop.steps, loop.inference_s
 
 Open-loop action chunks: the model returns ``[T, A]``; the loop executes up to ``n_action_steps``
@@ -67,7 +68,7 @@ class EpisodeLoop:
     - ``n_action_steps``: execute at most this many actions of each chunk before re-planning.
     - ``should_stop(features, step) -> bool``: stop early (e.g. a task-specific success check).
     - ``first_action_timeout`` / ``step_timeout``: the bridge's limits; a ``predict`` that outlives
-      one by a margin is interrupted (see :func:`watchdog`).
+      one by a margin is interrupted (see :class:`_Watchdog`); :meth:`close` ends the episode's timer.
 
     ``observers`` see the first frame and every step; their ``on_end`` belongs to the shell, which
     alone knows how the episode ended.
@@ -136,9 +137,13 @@ class EpisodeLoop:
         limit = self.first_action_timeout if first else self.step_timeout
         # The bridge fails a silent slot at its timeout; the watchdog then frees this process from
         # a predict() that never returns (a little later, so the bridge's verdict comes first).
-        with watchdog(None if limit is None else limit + 5.0,
-                      "--hud-first-action-timeout" if first else "--hud-step-timeout"):
+        armed = limit is not None and _WATCHDOG.arm(
+            limit + 5.0, "--hud-first-action-timeout" if first else "--hud-step-timeout")
+        try:
             output = self.model.predict(features(frame), self.prompt)
+        finally:
+            if armed:
+                _WATCHDOG.disarm()
         chunk = as_chunk(output, self.contract)
         spent = time.perf_counter() - t0
         if self.n_action_steps is not None:
@@ -148,30 +153,84 @@ class EpisodeLoop:
         self.queue.extend(chunk)
         return spent
 
+    def close(self) -> None:
+        """The episode is over (or abandoned): stop the watchdog's timer, put SIGALRM back."""
+        _WATCHDOG.release()
+
+
+class _Watchdog:
+    """Interrupts a model call that outlives its limit (main thread, SIGALRM not in use).
+
+    One interval timer serves every step of an episode: :meth:`arm` notes the call's deadline and
+    sets the timer only when it is not already due sooner, :meth:`disarm` forgets the deadline.
+    When the timer goes off, a call still inside its limit gets a timer for the rest of it, and a
+    call past it gets :class:`EpisodeError`; with no call under way the handler puts SIGALRM back.
+    So a step makes no system call here (a timer and a handler per step were four), and at worst
+    the timer fires once per limit. :meth:`release` stops the timer at an episode's end.
+
+    ``_signal`` rather than ``signal``: the latter wraps every call in enum conversions.
+    """
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None  # the model call under way must end by then
+        self.due: float | None = None  # when the armed timer goes off (None: not armed)
+        self.seconds = 0.0
+        self.option = ""
+        self._handler = self._expired
+
+    def arm(self, seconds: float, option: str) -> bool:
+        """A model call starts; returns whether it is watched (False off the main thread, or
+        when something else owns SIGALRM, e.g. pytest-timeout)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False  # signals reach the main thread only
+        if _signal.getsignal(_signal.SIGALRM) is not self._handler:
+            if _signal.getsignal(_signal.SIGALRM) not in (_signal.SIG_DFL, None):
+                return False
+            _signal.signal(_signal.SIGALRM, self._handler)
+            self.due = None
+        self.seconds, self.option = seconds, option
+        self.deadline = time.monotonic() + seconds
+        if self.due is None or self.due > self.deadline:
+            _signal.setitimer(_signal.ITIMER_REAL, seconds)
+            self.due = self.deadline
+        return True
+
+    def disarm(self) -> None:
+        self.deadline = None
+
+    def release(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # an episode on another thread never armed it
+        if _signal.getsignal(_signal.SIGALRM) is self._handler:
+            _signal.setitimer(_signal.ITIMER_REAL, 0)  # the timer first: SIG_DFL would end the process
+            _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
+        self.deadline = self.due = None
+
+    def _expired(self, signum: int, frame: Any) -> None:
+        self.due = None
+        if self.deadline is None:  # between calls: stand down until the next one
+            _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
+            return
+        left = self.deadline - time.monotonic()
+        if left > 0:
+            _signal.setitimer(_signal.ITIMER_REAL, left)
+            self.due = self.deadline
+            return
+        self.deadline = None
+        raise EpisodeError(f"the policy did not answer within {self.seconds:g} s ({self.option} plus a margin)")
+
+
+_WATCHDOG = _Watchdog()
+
 
 @contextlib.contextmanager
 def watchdog(seconds: float | None, option: str) -> Iterator[None]:
-    """Interrupt a model call that outlives ``seconds`` (main thread, SIGALRM not in use).
-
-    ``_signal`` rather than ``signal``: the latter wraps every call in enum conversions that cost
-    more than the system calls themselves, and this runs once per planned step.
-    """
-    usable = (
-        seconds is not None
-        and threading.current_thread() is threading.main_thread()
-        and _signal.getsignal(_signal.SIGALRM) in (_signal.SIG_DFL, None)  # pytest-timeout owns it otherwise
-    )
-    if not usable:
+    """Interrupt a model call that outlives ``seconds``, for one call (see :class:`_Watchdog`)."""
+    if seconds is None or not _WATCHDOG.arm(seconds, option):
         yield
         return
-
-    def expired(signum: int, frame: Any) -> None:
-        raise EpisodeError(f"the policy did not answer within {seconds:g} s ({option} plus a margin)")
-
-    _signal.signal(_signal.SIGALRM, expired)
-    _signal.setitimer(_signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
-        _signal.setitimer(_signal.ITIMER_REAL, 0)
-        _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
+        _WATCHDOG.disarm()
+        _WATCHDOG.release()

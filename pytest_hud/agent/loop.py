@@ -58,9 +58,12 @@ class Agent:
         loop = self._start(episode, max_steps)
         with self._reporting(episode), \
                 SlotClient(episode.address, episode.token, recv_timeout=self.recv_timeout) as slot:
-            action = loop.begin(slot.first_observation)
-            while action is not None:
-                action = loop.observe(slot.step(action))
+            try:
+                action = loop.begin(slot.first_observation)
+                while action is not None:
+                    action = loop.observe(slot.step(action))
+            finally:
+                loop.close()
         return self._finish(episode, loop)
 
     # ---------------------------------------------------------------- asyncio
@@ -77,6 +80,7 @@ class Agent:
                 while action is not None:
                     action = loop.observe(await slot.step(action))
             finally:
+                loop.close()
                 await slot.close()
         return self._finish(episode, loop)
 

@@ -6,8 +6,10 @@ thread hand-off (two wake-ups and two GIL transfers, about a quarter of the brid
 on a cheap sim). With ``--io-thread`` the loop runs on a thread of its own and queues every sim
 call to the main thread instead: the sockets stay responsive (pings answered, frames read) while a
 single sim call runs for many seconds, at that CPU cost. Once both sockets are bound the bridge writes its announce file (mode
-0600): ``{"control": PORT, "ws": PORT, "pid": PID, "width": N, "secret": SECRET}``. It exits by
-itself when its parent process dies, and removes the announce file on the way out.
+0600): ``{"control": PORT, "ws": PORT, "pid": PID, "width": N, "secret": SECRET}``, and on Linux
+``"ws_unix": "@NAME"``, the same WebSocket on an abstract Unix socket that clients on this host
+prefer. It exits by itself when its parent process dies, and removes the announce file on the way
+out.
 """
 
 from __future__ import annotations
@@ -168,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     payload = {"control": server.control_port, "ws": server.ws_port, "pid": os.getpid(),
                "width": args.width, "secret": secret, "host": args.host}
+    if server.ws_unix:
+        payload["ws_unix"] = server.ws_unix
     if sim.vectorization_note:
         payload["vectorization_note"] = sim.vectorization_note
         print(f"pytest-hud bridge: --vectorization {sim.vectorization_note}", file=sys.stderr, flush=True)

@@ -97,14 +97,16 @@ class BridgeServer:
         )
         self.control_port = 0
         self.ws_port = 0
+        self.ws_unix: str | None = None  # the same WebSocket on an abstract Unix socket, for this host
         self._ws_server: WsServer | None = None
 
     # ------------------------------------------------------------- lifecycle
     async def start(self, control_port: int = 0, ws_port: int = 0) -> None:
         self.control_port = await self.rpc.start(self.host, control_port)
         # no pings from this side: ticks may legitimately pause for minutes (model warm-up)
-        self._ws_server = await serve_ws(self, self.host, ws_port, MAX_FRAME_BYTES)
+        self._ws_server = await serve_ws(self, self.host, ws_port, MAX_FRAME_BYTES, unix=True)
         self.ws_port = self._ws_server.port
+        self.ws_unix = self._ws_server.unix
 
     async def close(self) -> None:
         await self.rpc.close()
@@ -119,6 +121,7 @@ class BridgeServer:
             "protocol": PROTOCOL,
             "width": self.engine.width,
             "ws": self.ws_port,
+            "ws_unix": self.ws_unix,
             "pid": os.getpid(),
             "target": self.target,
             "build": self.engine.build_args,

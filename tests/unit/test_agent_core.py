@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 import time
@@ -42,12 +41,15 @@ class Chunker:
 def drive(loop: EpisodeLoop, frames: list[dict]) -> list[np.ndarray]:
     """Run the loop as a shell would; the bridge answers each action with the next frame."""
     sent = []
-    action = loop.begin(frames[0])
-    for next_frame in frames[1:]:
-        if action is None:
-            break
-        sent.append(action)
-        action = loop.observe(next_frame)
+    try:
+        action = loop.begin(frames[0])
+        for next_frame in frames[1:]:
+            if action is None:
+                break
+            sent.append(action)
+            action = loop.observe(next_frame)
+    finally:
+        loop.close()
     assert action is None, "the test ran out of frames before the loop stopped"
     return sent
 
@@ -176,25 +178,106 @@ def test_observe_before_an_action_was_sent_is_a_programming_error():
 
 
 def test_the_first_plan_is_bounded_by_the_first_action_timeout_later_ones_by_the_step_timeout(monkeypatch):
-    bounds = []
+    calls = []
 
-    @contextlib.contextmanager
-    def recording_watchdog(seconds, option):
-        bounds.append((seconds, option))
-        yield
+    class Recording:
+        def arm(self, seconds, option):
+            calls.append(("arm", seconds, option))
+            return True
 
-    monkeypatch.setattr(episode_loop, "watchdog", recording_watchdog)
+        def disarm(self):
+            calls.append(("disarm",))
+
+        def release(self):
+            calls.append(("release",))
+
+    monkeypatch.setattr(episode_loop, "_WATCHDOG", Recording())
     loop = EpisodeLoop(Chunker(), CONTRACT, first_action_timeout=120.0, step_timeout=2.0)
     drive(loop, [frame(), frame(), frame(terminated=True)])
-    # a margin over the bridge's own limits, so that the bridge's verdict arrives first
-    assert bounds == [(125.0, "--hud-first-action-timeout"), (7.0, "--hud-step-timeout")]
+    # a margin over the bridge's own limits, so that the bridge's verdict arrives first; each call
+    # is disarmed when it returns, and the episode's end releases the timer
+    assert calls == [("arm", 125.0, "--hud-first-action-timeout"), ("disarm",),
+                     ("arm", 7.0, "--hud-step-timeout"), ("disarm",), ("release",)]
 
 
-@pytest.mark.skipif(
+FREE_SIGALRM = pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread()
     or signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None),
     reason="the watchdog needs the main thread and a free SIGALRM",
 )
+
+
+@FREE_SIGALRM
+def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole_limit():
+    dog = episode_loop._Watchdog()
+    try:
+        assert dog.arm(0.4, "--hud-step-timeout")
+        dog.disarm()
+        time.sleep(0.2)
+        # the timer set for the first call is still due first: the second call's arm sets nothing,
+        # and when the timer goes off mid-call it is set again for the rest of this call's limit
+        assert dog.arm(0.4, "--hud-step-timeout")
+        assert signal.getitimer(signal.ITIMER_REAL)[0] < 0.25
+        t0 = time.monotonic()
+        with pytest.raises(EpisodeError, match=r"did not answer within 0.4 s \(--hud-step-timeout"):
+            time.sleep(5)
+        assert 0.35 <= time.monotonic() - t0 < 2
+        dog.disarm()
+        # between calls the timer stands down: its handler puts SIGALRM back
+        assert dog.arm(0.1, "--hud-step-timeout")
+        dog.disarm()
+        time.sleep(0.3)
+        assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        # and the next call is watched again
+        assert dog.arm(0.1, "--hud-first-action-timeout")
+        with pytest.raises(EpisodeError, match="--hud-first-action-timeout"):
+            time.sleep(5)
+        dog.disarm()
+        assert dog.arm(30, "--hud-step-timeout")
+        dog.disarm()
+    finally:
+        dog.release()
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL  # released: no timer, no handler
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@FREE_SIGALRM
+def test_episodes_on_other_threads_neither_arm_nor_release_the_main_threads_watchdog():
+    dog = episode_loop._Watchdog()
+    try:
+        assert dog.arm(30, "--hud-step-timeout")
+        seen = []
+
+        def other():
+            seen.append(dog.arm(0.05, "--hud-step-timeout"))
+            dog.release()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(5)
+        assert seen == [False]
+        assert signal.getsignal(signal.SIGALRM) == dog._handler and dog.seconds == 30
+        time.sleep(0.2)  # had the other thread's 0.05 s been set, it would have fired here
+        dog.disarm()
+    finally:
+        dog.release()
+
+
+@FREE_SIGALRM
+def test_the_watchdog_stays_out_when_something_else_owns_sigalrm():
+    dog = episode_loop._Watchdog()
+    previous = signal.signal(signal.SIGALRM, lambda *a: None)  # e.g. pytest-timeout's
+    try:
+        assert not dog.arm(0.1, "--hud-step-timeout")
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        dog.release()
+        assert signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None)  # not touched
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+@FREE_SIGALRM
 def test_the_watchdog_interrupts_a_model_call_that_never_returns():
     t0 = time.monotonic()
     with pytest.raises(EpisodeError, match=r"did not answer within 0.05 s \(--hud-step-timeout plus a margin\)"):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 from websockets.frames import Close, Frame, Opcode
-from websockets.sync.client import connect
+from websockets.sync.client import connect, unix_connect
 
 from pytest_hud.sim.wsserver import serve_ws
 from pytest_hud.wsconn import BlockingWebSocket
@@ -152,7 +154,8 @@ def echo_server():
 
     def run():
         asyncio.set_event_loop(loop)
-        box["server"] = loop.run_until_complete(serve_ws(handler, "127.0.0.1", 0, 1 << 20))
+        box["server"] = loop.run_until_complete(serve_ws(handler, "127.0.0.1", 0, 1 << 20, unix=True))
+        handler.unix = box["server"].unix
         started.set()
         loop.run_forever()
 
@@ -219,6 +222,43 @@ def test_our_client_talks_to_our_server(echo_server):
         assert ws.recv(5) == bytes(n)
     ws.close()
     assert handler.closed == [1000]
+
+
+def test_our_clients_reads_time_out_and_the_connection_stays_usable(echo_server):
+    url, handler = echo_server
+    ws = BlockingWebSocket(url, 1 << 20)
+    assert ws.recv(5) == b"hello"
+    for wait in (0.2, 0.4, 0.2):  # the kernel's read timeout follows each call's own
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            ws.recv(wait)
+        assert wait * 0.9 <= time.monotonic() - t0 < wait + 1.5
+        ws.send(b"still here")
+        assert ws.recv(5) == b"still here"
+    ws.close()
+    assert handler.closed == [1000]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix sockets are Linux's")
+def test_on_the_servers_host_our_client_takes_its_unix_socket_and_falls_back_to_tcp(echo_server):
+    url, handler = echo_server
+    assert handler.unix.startswith("@pytest-hud-ws-")
+    ws = BlockingWebSocket(url, 1 << 20, unix=handler.unix)
+    assert ws._sock.family == socket.AF_UNIX
+    assert ws.recv(5) == b"hello"
+    for n in (3, 70_000, 300_000):  # one read and many
+        ws.send(bytes(n))
+        assert ws.recv(5) == bytes(n)
+    ws.close()
+    # the same plain WebSocket: websockets' own client speaks it over the Unix socket
+    with unix_connect("\0" + handler.unix[1:], url, compression=None, ping_interval=None) as other:
+        assert other.recv(5) == b"hello"
+    # a name that is not on this host (another machine, or a bridge that is gone): TCP
+    ws = BlockingWebSocket(url, 1 << 20, unix="@pytest-hud-ws-0-not-here")
+    assert ws._sock.family == socket.AF_INET
+    assert ws.recv(5) == b"hello"
+    ws.close()
+    assert handler.closed.count(1000) == 3
 
 
 # ------------------------------------------------------------- our client
