@@ -322,7 +322,8 @@ class HudController:
         write_summary(terminalreporter, self.tasks(), self.verdicts, self.coverage(),
                       results=str(self.writer.path) if self.writer is not None else None,
                       recording=self.recording, baseline=self.settings.baseline,
-                      other_failures=self.other_failures, notes=list(self.pool.notes))
+                      other_failures=self.other_failures,
+                      notes=list(self.pool.notes) + self.pool.stepping_notes())
 
     def stop(self) -> None:
         if self._old_sigterm is not None:

@@ -314,6 +314,23 @@ class SimPool:
             for b in items
         ]
 
+    def stepping_notes(self, timeout: float = 2.0) -> list[str]:
+        """What the live bridges say would make their sims step faster (see ``stepping_hint``)."""
+        from .client import BridgeError, ControlClient
+
+        with self._lock:
+            bridges = [b for b in self._bridges.values() if b.process.poll() is None]
+        notes = []
+        for bridge in bridges:
+            try:
+                with ControlClient(bridge.address, timeout=timeout) as control:
+                    hint = control.stats().get("hint")
+            except (BridgeError, OSError):
+                continue  # a bridge that cannot answer now has nothing to add
+            if hint:
+                notes.append(f"bridge for {bridge.key[0]}: {hint}")
+        return notes
+
     def stop_all(self, timeout: float = 5.0) -> None:
         """Stop every service this run started (all at once) and remove the work dir with its secrets."""
         with self._lock:

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from pytest_hud.results import load_results
+from pytest_hud.sim.threads import default_threads
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -250,6 +251,55 @@ def test_one(shared_sim, robot_agent):
     plain = run(project, *args)
     plain.assert_outcomes(passed=1)
     assert "note:" not in plain.stdout.str()
+
+
+SLOW = '''
+import time
+
+import gymnasium as gym
+import numpy as np
+
+
+class Slow(gym.Env):
+    """Its step sleeps 3 ms, like a sim that renders."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        time.sleep(0.003)
+        self.t += 1
+        return np.zeros(2, np.float32), 0.0, self.t >= 40, False, {}
+
+
+def slow():
+    return Slow()
+'''
+
+
+@pytest.mark.skipif(default_threads(2) < 2, reason="the hint needs two cores to spread the envs over")
+def test_a_bridge_that_spent_its_time_stepping_envs_one_by_one_suggests_processes(project):
+    project.makepyfile(slow=SLOW, test_slow="""
+import pytest
+
+@pytest.mark.parametrize("seed", range(4))
+def test_slow(shared_sim, robot_agent, seed):
+    robot_agent.run(shared_sim.episode(seed=seed))
+""")
+    args = ("-n", "2", "--hud-sim=slow:slow", "--hud-width=2", "--hud-tick=lockstep", "--hud-policy=policies:pendulum_zero")
+    sync = run(project, *args)
+    sync.assert_outcomes(passed=4)
+    sync.stdout.fnmatch_lines(["note: bridge for slow:slow: its 2 envs stepped one after another in one process "
+                               "(* ms per env-step, *% of the time it ran episodes); "
+                               "--hud-vectorization=processes steps them on 2 cores, with the same episodes"])
+    spread = run(project, *args, "--hud-vectorization=processes")
+    spread.assert_outcomes(passed=4)
+    assert "note:" not in spread.stdout.str()
 
 
 def test_the_tutorials_layout_runs_its_sim_and_policy_modules_from_the_eval_folder(pytester):

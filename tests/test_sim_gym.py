@@ -12,7 +12,7 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from conftest import SIMKIT
-from pytest_hud.sim.base import GymSim
+from pytest_hud.sim.base import GymSim, stepping_hint
 from pytest_hud.sim.target import load_sim
 
 
@@ -188,6 +188,48 @@ def test_a_vectorization_that_applies_has_no_note(target, asked, width):
     sim = load_sim(target, width, asked)
     try:
         assert sim.vectorization_note is None
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("target, asked, width, splittable", [
+    ("Pendulum-v1", "sync", 2, True),  # independent envs stepped one after another in one process
+    (f"{SIMKIT}:multitask", "sync", 2, True),
+    (f"{SIMKIT}:multitask", "threads", 2, True),  # threads did not apply: it runs as it is
+    ("Pendulum-v1", "sync", 1, False),  # one slot: nothing to spread
+    ("Pendulum-v1", "threads", 2, False), ("Pendulum-v1", "async", 2, False),  # in parallel already
+    ("Pendulum-v1", "processes", 2, False),
+    (f"{SIMKIT}:counter", "sync", 2, False),  # natively batched: one call steps every slot
+    (f"{SIMKIT}:one_vector_env", "sync", 2, False),
+])
+def test_the_loader_says_which_sims_processes_would_spread_over_the_cores(target, asked, width, splittable):
+    sim = load_sim(target, width, asked)
+    try:
+        assert sim.splittable is splittable
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("ticks, env_steps, step_s, span, cores, hinted", [
+    (100, 800, 4.0, 10.0, 2, True),     # 5 ms per env-step, busy 40%, 8 envs a tick
+    (100, 800, 0.4, 1.0, 2, False),     # 0.5 ms per env-step: cheap
+    (100, 800, 2.0, 10.0, 2, False),    # busy 20%: waiting on the policy, not the sim
+    (100, 120, 4.0, 10.0, 2, False),    # about one env a tick: nothing to spread
+    (100, 800, 4.0, 10.0, 1, False),    # one core
+    (0, 0, 0.0, 0.0, 2, False),         # no tick yet
+])
+def test_the_stepping_hint_speaks_only_when_spreading_envs_over_cores_would_pay(
+        ticks, env_steps, step_s, span, cores, hinted):
+    sim = load_sim("Pendulum-v1", 8, "sync")
+    try:
+        hint = stepping_hint(sim, ticks, env_steps, step_s, span, cores)
+        assert (hint is not None) is hinted
+        if hinted:
+            assert hint == ("its 8 envs stepped one after another in one process (5.0 ms per env-step, 40% "
+                            "of the time it ran episodes); --hud-vectorization=processes steps them on 2 "
+                            "cores, with the same episodes")
+        sim.splittable = False
+        assert stepping_hint(sim, ticks, env_steps, step_s, span, cores) is None
     finally:
         sim.close()
 

@@ -81,6 +81,9 @@ class VectorSim:
     #: Set by the bridge's loader when the vectorization asked for did not apply to this sim: why,
     #: and what runs instead (the bridge announces it; the pytest plugin shows it in its summary).
     vectorization_note: str | None = None
+    #: Set by the loader when this sim's slots are independent envs stepped one after another in
+    #: this process, which ``--hud-vectorization=processes`` would spread over the cores.
+    splittable: bool = False
 
     def __init__(self, width: int) -> None:
         self.width = int(width)
@@ -153,6 +156,26 @@ def sim_stats(sim: VectorSim) -> Any:
         return stats() if callable(stats) else None
     except Exception:  # noqa: BLE001 - counters are informational
         return None
+
+
+def stepping_hint(sim: VectorSim, ticks: int, env_steps: int, step_s: float, ticking_s: float,
+                  cores: int) -> str | None:
+    """Why ``--hud-vectorization=processes`` would help this bridge, or None.
+
+    ``step_s`` is the time the bridge spent in the sim's ``ticks`` steps, ``ticking_s`` the span
+    from its first tick to its last. Said only of a sim whose independent envs step one after
+    another in this process, more than one to a tick on average (one at a time gains nothing),
+    when an env's step costs a millisecond or more and stepping took a quarter of the span or
+    more, with more than one core to spread the envs over.
+    """
+    if not sim.splittable or cores < 2 or ticks <= 0 or env_steps < 1.5 * ticks or ticking_s <= 0:
+        return None
+    per_step, busy = step_s / env_steps, step_s / ticking_s
+    if per_step < 1e-3 or busy < 0.25:
+        return None
+    return (f"its {sim.width} envs stepped one after another in one process ({per_step * 1e3:.1f} ms per "
+            f"env-step, {busy:.0%} of the time it ran episodes); --hud-vectorization=processes steps them "
+            f"on {cores} cores, with the same episodes")
 
 
 class GymSim(VectorSim):

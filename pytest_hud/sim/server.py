@@ -24,10 +24,11 @@ import numpy as np
 
 from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, pack_frame, packb, unpack_action, unpackb
-from .base import VectorSim, sim_stats
+from .base import VectorSim, sim_stats, stepping_hint
 from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
 from .failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
 from .slots import Slot, SlotState
+from .threads import default_threads
 from .wsserver import WsConnection, WsServer, serve_ws
 
 __all__ = ["BridgeServer", "Timeouts", "close_code"]
@@ -95,6 +96,8 @@ class BridgeServer:
             on_close=self._on_control_close,
             hello_info=self._hello_info,
         )
+        self.step_s = 0.0  # time in the sim's steps (ticks), and the span of the ticks
+        self._step_started = self._ticked_from = self._ticked_until = 0.0
         self.control_port = 0
         self.ws_port = 0
         self.ws_unix: str | None = None  # the same WebSocket on an abstract Unix socket, for this host
@@ -152,6 +155,9 @@ class BridgeServer:
             "tick": engine.tick,
             "tasks": list(engine.tasks),
             "sim": sim_stats(self.sim),
+            "step_s": self.step_s,
+            "hint": stepping_hint(self.sim, engine.ticks, engine.env_steps, self.step_s, self._ticked_until - self._ticked_from,
+                                  default_threads(engine.width)),
         }
 
     async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
@@ -452,14 +458,20 @@ class BridgeServer:
         self._tick_planned()
 
     def _tick_planned(self) -> None:
-        plan = self.engine.plan_tick(time.monotonic())
+        now = time.monotonic()
+        plan = self.engine.plan_tick(now)
         if plan is None:
             self._sim_gate.release()
             self._ticking = False
             return
+        self._step_started = now
+        if not self._ticked_from:
+            self._ticked_from = now
         self._call(self._tick_done, plan, _park_step_observe, self.sim, plan.park, plan.actions, plan.mask)
 
     def _tick_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
+        self._ticked_until = time.monotonic()
+        self.step_s += self._ticked_until - self._step_started
         try:
             if error is not None:
                 why = _explain("".join(traceback.format_exception(error)))

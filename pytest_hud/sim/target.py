@@ -126,6 +126,7 @@ def load_sim(
             # building the factory's sim for its block. A natively batched sim keeps its one process.
             sim.close()
             return _in_processes(target, width, kwargs, control_rate)
+        sim.splittable = sim.supports_slot_step and width > 1
         if vectorization == "processes" and width > 1:
             sim.vectorization_note = (
                 "processes does not apply: the sim steps all its slots in one call (it is not made of "
@@ -155,7 +156,9 @@ def load_sim(
         env = AsyncVectorEnv([make_one] * width, autoreset_mode=AutoresetMode.DISABLED, context="spawn")
     elif vectorization == "sync":
         makers = [lambda p=probe: p] + [make_one] * (width - 1)
-        env = SyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED)
+        sim = GymSim(SyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED), control_rate)
+        sim.splittable = width > 1
+        return sim
     elif vectorization == "threads":
         from .threads import EnvThreads, default_threads
 
