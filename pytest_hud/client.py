@@ -186,6 +186,11 @@ class AsyncControlClient:
         await self._rpc.close()
 
 
+def _unreachable(where: str, exc: BaseException) -> str:
+    why = " (nothing listens there: has the bridge exited?)" if isinstance(exc, ConnectionRefusedError) else ""
+    return f"cannot reach the bridge's slot WebSocket at {where}: {exc}{why}"
+
+
 class SlotClient:
     """Blocking WebSocket client for one claimed slot (no background thread: see :mod:`.wsconn`).
 
@@ -202,7 +207,7 @@ class SlotClient:
         try:
             self._ws = BlockingWebSocket(url, MAX_FRAME_BYTES, connect_timeout, unix=unix)
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
-            raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
+            raise BridgeError(_unreachable(url, exc)) from None
         try:
             self.metadata = read_frame(self._recv(connect_timeout), "metadata")
             self._send(claim_frame(token))
@@ -271,12 +276,12 @@ class AsyncSlotClient:
             except OSError:
                 unreachable(name)  # type: ignore[arg-type]
             except (InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
-                raise BridgeError(f"cannot open the slot WebSocket at {name}: {exc}") from None
+                raise BridgeError(_unreachable(name, exc)) from None
         if ws is None:
             try:
                 ws = await connect(url, **options)
             except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
-                raise BridgeError(f"cannot open the slot WebSocket at {url}: {exc}") from None
+                raise BridgeError(_unreachable(url, exc)) from None
         self = cls(ws, recv_timeout)
         try:
             self.metadata = read_frame(await self._recv(connect_timeout), "metadata")

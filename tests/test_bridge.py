@@ -235,6 +235,13 @@ def test_slot_clients_on_the_bridges_host_take_its_unix_socket_and_see_the_same_
         return family, states
 
     assert asyncio.run(asyncio_run(address)) == (socket.AF_UNIX, runs[socket.AF_UNIX])
+
+    with socket.socket() as probe:  # a port nothing listens on: the bridge has exited
+        probe.bind(("127.0.0.1", 0))
+        gone = dataclasses.replace(address, ws=probe.getsockname()[1], ws_unix="@pytest-hud-ws-0-exited")
+    with pytest.raises(BridgeError, match=r"cannot reach the bridge's slot WebSocket at ws://127\.0\.0\.1:\d+: .*"
+                                          r"refused \(nothing listens there: has the bridge exited\?\)"):
+        SlotClient(gone, "token", connect_timeout=5)
     assert asyncio.run(asyncio_run(dataclasses.replace(address, ws_unix="@pytest-hud-ws-0-gone"))) == (
         socket.AF_INET, runs[socket.AF_UNIX])
 
