@@ -263,20 +263,21 @@ class AsyncSlotClient:
                       connect_timeout: float = 30.0, recv_timeout: float = 360.0) -> AsyncSlotClient:
         from websockets.asyncio.client import connect, unix_connect
 
-        from .wsconn import unix_address, unreachable
+        from .wsconn import unix_connection
 
         url, name = (address.ws_url, address.ws_unix) if isinstance(address, BridgeAddress) else (address, None)
         options = dict(compression=None, max_size=MAX_FRAME_BYTES, open_timeout=connect_timeout,
                        close_timeout=2, ping_interval=None)
         ws = None
-        unix = unix_address(name) if name else None
-        if unix is not None:  # the bridge's Unix socket, when it is on this host
+        # the bridge's Unix socket, when it is on this host: connected here (at once, or refused),
+        # so that only "not here" falls back to TCP, and a slow handshake is an error as on TCP
+        sock = unix_connection(name, 0.0) if name else None
+        if sock is not None:
             try:
-                ws = await unix_connect(unix, url, **options)
-            except OSError:
-                unreachable(name)  # type: ignore[arg-type]
-            except (InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
-                raise BridgeError(_unreachable(name, exc)) from None
+                ws = await unix_connect(sock=sock, uri=url, **options)
+            except (OSError, InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
+                sock.close()
+                raise BridgeError(_unreachable(name, exc)) from None  # type: ignore[arg-type]
         if ws is None:
             try:
                 ws = await connect(url, **options)

@@ -323,7 +323,8 @@ class HudController:
                       results=str(self.writer.path) if self.writer is not None else None,
                       recording=self.recording, baseline=self.settings.baseline,
                       other_failures=self.other_failures,
-                      notes=list(self.pool.notes) + self.pool.stepping_notes())
+                      notes=list(self.pool.notes) + (
+                          self.pool.stepping_notes() if exitstatus != pytest.ExitCode.INTERRUPTED else []))
 
     def stop(self) -> None:
         if self._old_sigterm is not None:

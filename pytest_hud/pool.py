@@ -315,21 +315,34 @@ class SimPool:
         ]
 
     def stepping_notes(self, timeout: float = 2.0) -> list[str]:
-        """What the live bridges say would make their sims step faster (see ``stepping_hint``)."""
+        """What the live bridges say would make their sims step faster (see ``stepping_hint``).
+
+        Asked all at once, for ``timeout`` seconds in all: a bridge stuck in a sim call (one that
+        accepts but does not answer) delays the summary by that much, however many there are."""
         from .client import BridgeError, ControlClient
 
         with self._lock:
             bridges = [b for b in self._bridges.values() if b.process.poll() is None]
-        notes = []
-        for bridge in bridges:
+        hints: dict[int, str] = {}
+
+        def ask(i: int, bridge: _Bridge) -> None:
             try:
                 with ControlClient(bridge.address, timeout=timeout) as control:
                     hint = control.stats().get("hint")
             except (BridgeError, OSError):
-                continue  # a bridge that cannot answer now has nothing to add
+                return  # a bridge that cannot answer now has nothing to add
             if hint:
-                notes.append(f"bridge for {bridge.key[0]}: {hint}")
-        return notes
+                hints[i] = f"bridge for {bridge.key[0]}: {hint}"
+
+        threads = [threading.Thread(target=ask, args=(i, b), daemon=True, name="hud-stats")
+                   for i, b in enumerate(bridges)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        got = dict(hints)  # a copy: a late answer may still arrive
+        return [got[i] for i in sorted(got)]
 
     def stop_all(self, timeout: float = 5.0) -> None:
         """Stop every service this run started (all at once) and remove the work dir with its secrets."""

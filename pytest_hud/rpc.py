@@ -212,9 +212,13 @@ class RpcClient:
             self._sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
             raise RpcError(f"cannot reach {what} at {host}:{port}: {exc}", code=None) from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._file = self._sock.makefile("rb")
-        self.hello_info = self.call("hello", secret=secret)
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._file = self._sock.makefile("rb")
+            self.hello_info = self.call("hello", secret=secret)
+        except BaseException:
+            self._sock.close()  # a server that accepted but did not answer: no socket left behind
+            raise
 
     def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
         with self._lock:

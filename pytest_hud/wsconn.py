@@ -58,17 +58,17 @@ class BlockingWebSocket:
         self._rcvd_first = False  # whether the server's close came before ours
         self._state = _OPEN
         deadline = time.monotonic() + open_timeout
-        self._sock = _unix_connection(unix, open_timeout) if unix else None
+        self._sock = unix_connection(unix, open_timeout) if unix else None
         if self._sock is None:
             self._sock = socket.create_connection((host, port), timeout=open_timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A blocking socket whose reads time out in the kernel (SO_RCVTIMEO, set only when the
         # timeout changes): one recv() per message. A Python-level timeout, or poll() before each
         # read, costs a second system call on every observation, and reads are the hot path.
-        self._sock.settimeout(None)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(_SEND_TIMEOUT))
         self._recv_timeout = -1.0  # what SO_RCVTIMEO is set to (-1: not set)
         try:
+            self._sock.settimeout(None)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(_SEND_TIMEOUT))
             self._handshake(host, port, path, dict(headers or {}), deadline)
         except BaseException:
             self._sock.close()
@@ -106,14 +106,16 @@ class BlockingWebSocket:
         """Bytes from the socket (``b""`` at EOF); raises ``TimeoutError`` after ``timeout`` s."""
         if timeout <= 0:
             raise TimeoutError("timed out")
-        if timeout != self._recv_timeout:
+        # Kept when it is at most 10% (+10 ms) over what is asked: the rest of a message read in
+        # several pieces, or the next message with the same timeout, costs no system call.
+        if not timeout <= self._recv_timeout <= timeout * 1.1 + 0.01:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
             self._recv_timeout = timeout
         try:
             return self._sock.recv(262144)
         except BlockingIOError:  # SO_RCVTIMEO ran out
             raise TimeoutError("timed out") from None
-        except (ConnectionResetError, BrokenPipeError):
+        except (ConnectionResetError, BrokenPipeError, TimeoutError):  # TimeoutError: ETIMEDOUT, a dead peer
             return b""
 
     def _frames(self, data: bytes) -> None:
@@ -226,9 +228,9 @@ def unreachable(name: str) -> None:
     _UNREACHABLE.add(name)
 
 
-def _unix_connection(name: str, timeout: float) -> socket.socket | None:
+def unix_connection(name: str, timeout: float) -> socket.socket | None:
     """A connection to the Unix socket ``name``, or None when it is not on this host (the caller
-    dials TCP instead)."""
+    dials TCP instead). ``timeout`` 0: a non-blocking socket, for an event loop."""
     address = unix_address(name)
     if address is None:
         return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -228,6 +229,7 @@ def test_skipped_before_its_episode(shared_sim, robot_agent):
 
 UNUSED = '''
 import os
+import socket
 from pathlib import Path
 
 Path("unused-imported.txt").write_text(str(os.getpid()))  # the waiting server imports its module
@@ -251,3 +253,29 @@ def test_a_run_prestarts_its_servers_and_leaves_none_behind(pytester: pytest.Pyt
     waiting = int((pytester.path / "unused-imported.txt").read_text())
     for pid in (served["pid"], waiting):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_summary_asks_stuck_bridges_for_their_notes_all_at_once_and_gives_up_in_time():
+    """A bridge stuck in a sim call accepts connections but answers nothing: three of them cost the
+    summary one timeout, not three, and leave no socket behind."""
+    from pytest_hud.client import BridgeAddress
+    from pytest_hud.pool import _Bridge
+
+    class Alive:
+        def poll(self):
+            return None
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
+    for i in range(3):
+        pool._bridges[(f"stuck{i}", "{}", 0)] = _Bridge(
+            (f"stuck{i}", "{}", 0), Alive(), BridgeAddress(control=port, ws=port, secret="s3cret"), "", 0.0)
+    try:
+        t0 = time.monotonic()
+        assert pool.stepping_notes(timeout=0.5) == []
+        assert time.monotonic() - t0 < 1.2
+    finally:
+        listener.close()

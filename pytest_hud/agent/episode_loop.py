@@ -161,12 +161,14 @@ class EpisodeLoop:
 class _Watchdog:
     """Interrupts a model call that outlives its limit (main thread, SIGALRM not in use).
 
-    One interval timer serves every step of an episode: :meth:`arm` notes the call's deadline and
-    sets the timer only when it is not already due sooner, :meth:`disarm` forgets the deadline.
-    When the timer goes off, a call still inside its limit gets a timer for the rest of it, and a
-    call past it gets :class:`EpisodeError`; with no call under way the handler puts SIGALRM back.
-    So a step makes no system call here (a timer and a handler per step were four), and at worst
-    the timer fires once per limit. :meth:`release` stops the timer at an episode's end.
+    One interval timer serves every step of an episode: :meth:`arm` installs the handler (once),
+    notes the call's deadline and sets the timer only when it is not already due sooner;
+    :meth:`disarm` forgets the deadline. When the timer goes off, a call still inside its limit
+    gets a timer for the rest of it, a call past it gets :class:`EpisodeError`, and with no call
+    under way nothing is set again until the next call. So a step makes no system call here (a
+    timer and a handler per step were four), and the timer fires at most once per limit.
+    :meth:`release` stops the timer, then puts SIG_DFL back, at an episode's end. The handler
+    itself never touches the disposition: a timer still running at SIG_DFL would end the process.
 
     ``_signal`` rather than ``signal``: the latter wraps every call in enum conversions.
     """
@@ -174,6 +176,7 @@ class _Watchdog:
     def __init__(self) -> None:
         self.deadline: float | None = None  # the model call under way must end by then
         self.due: float | None = None  # when the armed timer goes off (None: not armed)
+        self.installed = False  # our handler was installed by arm() and not yet released
         self.seconds = 0.0
         self.option = ""
         self._handler = self._expired
@@ -187,10 +190,12 @@ class _Watchdog:
             if _signal.getsignal(_signal.SIGALRM) not in (_signal.SIG_DFL, None):
                 return False
             _signal.signal(_signal.SIGALRM, self._handler)
-            self.due = None
+            self.installed, self.due = True, None
         self.seconds, self.option = seconds, option
-        self.deadline = time.monotonic() + seconds
-        if self.due is None or self.due > self.deadline:
+        now = time.monotonic()
+        self.deadline = now + seconds
+        # (a timer overdue and not seen: something else used ITIMER_REAL meanwhile; set ours again)
+        if self.due is None or self.due > self.deadline or self.due < now - 1.0:
             _signal.setitimer(_signal.ITIMER_REAL, seconds)
             self.due = self.deadline
         return True
@@ -201,15 +206,18 @@ class _Watchdog:
     def release(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # an episode on another thread never armed it
-        if _signal.getsignal(_signal.SIGALRM) is self._handler:
-            _signal.setitimer(_signal.ITIMER_REAL, 0)  # the timer first: SIG_DFL would end the process
-            _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
+        if self.installed:
+            ours = _signal.getsignal(_signal.SIGALRM) is self._handler
+            if ours or self.due is not None:
+                _signal.setitimer(_signal.ITIMER_REAL, 0)  # the timer first: SIG_DFL would end the process
+            if ours:
+                _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
+        self.installed = False
         self.deadline = self.due = None
 
     def _expired(self, signum: int, frame: Any) -> None:
         self.due = None
-        if self.deadline is None:  # between calls: stand down until the next one
-            _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
+        if self.deadline is None:  # between calls: the next call sets the timer again
             return
         left = self.deadline - time.monotonic()
         if left > 0:

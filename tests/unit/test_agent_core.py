@@ -223,11 +223,12 @@ def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole
             time.sleep(5)
         assert 0.35 <= time.monotonic() - t0 < 2
         dog.disarm()
-        # between calls the timer stands down: its handler puts SIGALRM back
+        # between calls the timer goes off once and is not set again (the handler stays: a timer
+        # running at SIG_DFL would end the process)
         assert dog.arm(0.1, "--hud-step-timeout")
         dog.disarm()
         time.sleep(0.3)
-        assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGALRM) == dog._handler
         assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
         # and the next call is watched again
         assert dog.arm(0.1, "--hud-first-action-timeout")
@@ -240,6 +241,47 @@ def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole
         dog.release()
     assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL  # released: no timer, no handler
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@FREE_SIGALRM
+def test_the_timer_goes_off_inside_arm_and_nothing_is_left_running_at_sig_dfl(monkeypatch):
+    """The handler runs at the next bytecode check, which can fall inside arm(): whatever it does
+    there, release() must leave neither a handler nor a running timer behind."""
+    dog = episode_loop._Watchdog()
+    try:
+        assert dog.arm(30, "--hud-step-timeout")
+        dog.disarm()
+        clock = time.monotonic
+
+        def firing_clock():  # the timer goes off just after arm() saw our handler installed
+            monkeypatch.setattr(episode_loop.time, "monotonic", clock)
+            dog._expired(signal.SIGALRM, None)
+            return clock()
+
+        monkeypatch.setattr(episode_loop.time, "monotonic", firing_clock)
+        assert dog.arm(30, "--hud-step-timeout")
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 29  # set again: it had gone off
+        dog.disarm()
+    finally:
+        dog.release()
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@FREE_SIGALRM
+def test_a_timer_taken_over_by_the_model_is_set_again_at_the_next_call():
+    dog = episode_loop._Watchdog()
+    try:
+        assert dog.arm(0.2, "--hud-step-timeout")
+        signal.setitimer(signal.ITIMER_REAL, 0)  # e.g. a predict() that used signal.alarm itself
+        dog.disarm()
+        time.sleep(1.3)  # past the due time by more than a second: the timer is known lost
+        assert dog.arm(0.2, "--hud-step-timeout")
+        with pytest.raises(EpisodeError):
+            time.sleep(5)
+        dog.disarm()
+    finally:
+        dog.release()
 
 
 @FREE_SIGALRM
