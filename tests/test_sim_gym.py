@@ -210,6 +210,23 @@ def test_the_loader_says_which_sims_processes_would_spread_over_the_cores(target
         sim.close()
 
 
+def test_parallel_sims_say_which_lane_steps_each_slot():
+    from pytest_hud.sim.threads import default_threads
+
+    n = default_threads(4)
+    for asked in ("sync", "threads", "processes"):
+        sim = load_sim("Pendulum-v1", 4, asked)
+        try:
+            if asked == "sync":
+                assert sim.lanes is None  # one after another
+            elif asked == "threads":
+                assert sim.lanes == tuple(i % n for i in range(4))  # env i on thread i % n
+            else:  # contiguous blocks, one per process
+                assert list(sim.lanes) == sorted(sim.lanes) and sorted(set(sim.lanes)) == list(range(n))
+        finally:
+            sim.close()
+
+
 @pytest.mark.parametrize("ticks, env_steps, step_s, span, cores, hinted", [
     (100, 800, 4.0, 10.0, 2, True),     # 5 ms per env-step, busy 40%, 8 envs a tick
     (100, 800, 0.4, 1.0, 2, False),     # 0.5 ms per env-step: cheap

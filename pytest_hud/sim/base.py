@@ -84,6 +84,9 @@ class VectorSim:
     #: Set by the loader when this sim's slots are independent envs stepped one after another in
     #: this process, which ``--hud-vectorization=processes`` would spread over the cores.
     splittable: bool = False
+    #: Which parallel lane (process, thread) steps each slot, when slots step in parallel; claims
+    #: then go to the least busy lane first, so that a few episodes do not share one lane.
+    lanes: tuple[int, ...] | None = None
 
     def __init__(self, width: int) -> None:
         self.width = int(width)
@@ -201,6 +204,8 @@ class GymSim(VectorSim):
         if threads is not None and not self.supports_slot_step:
             raise ValueError("env threads need a SyncVectorEnv with autoreset disabled (one env per slot)")
         self._threads = threads
+        if threads is not None:  # env i lives on thread i % threads
+            self.lanes = tuple(i % threads.threads for i in range(self.width))
         # One global reset gives the sample observation the contract is derived from, and leaves
         # every sub-env in a steppable state.
         obs = env.reset()[0] if threads is None else self._reset_everywhere()

@@ -127,7 +127,8 @@ class BridgeEngine:
     def __init__(self, width: int, contract: Contract, hold_action: Any, *, hold: str = "zeros",
                  wave: bool = False, timeouts: Timeouts | None = None,
                  build_args: dict[str, Any] | None = None, tick: str = "lockstep",
-                 tick_window: float = DEFAULT_TICK_WINDOW, tasks: tuple[str, ...] = ()) -> None:
+                 tick_window: float = DEFAULT_TICK_WINDOW, tasks: tuple[str, ...] = (),
+                 lanes: tuple[int, ...] | None = None) -> None:
         if width < 1:
             raise ValueError(f"width must be at least 1, got {width}")
         if hold not in ("zeros", "repeat"):
@@ -138,7 +139,10 @@ class BridgeEngine:
             raise ValueError("tick mode 'ready' needs per-slot resets; a wave bridge ticks in lockstep")
         if not tick_window >= 0:
             raise ValueError(f"tick_window must be a non-negative number of seconds, got {tick_window!r}")
+        if lanes is not None and len(lanes) != width:
+            raise ValueError(f"lanes names {len(lanes)} slots, the bridge has {width}")
         self.slots = [Slot(i) for i in range(width)]
+        self.lanes = lanes  # the parallel lane of each slot (None: slots step one after another)
         self.contract, self.hold, self.wave = contract, hold, wave
         self.tick, self.tick_window = tick, float(tick_window)
         self._ready = tick == "ready"
@@ -217,12 +221,22 @@ class BridgeEngine:
         """Mint a token for a free slot (the lowest free index unless ``index`` is given).
 
         A claim for a task prefers a free slot whose last episode ran that task: its env is cached.
+        Where slots step in parallel lanes (``lanes``), it then prefers the lane with the fewest
+        claimed slots, so that two episodes on a bridge of two processes step on both.
         """
         free = [s for s in self.slots if s.state is SlotState.FREE and index in (None, s.index)]
         if not free:
             raise SlotError("no free slot")
         name = task.get("task")
-        slot = next((s for s in free if name is not None and s.last_task == name), free[0])
+        slot = next((s for s in free if name is not None and s.last_task == name), None)
+        if slot is None:
+            slot = free[0]
+            if self.lanes is not None:
+                busy: dict[int, int] = {}
+                for s in self.slots:
+                    if s.state is not SlotState.FREE:
+                        busy[self.lanes[s.index]] = busy.get(self.lanes[s.index], 0) + 1
+                slot = min(free, key=lambda s: (busy.get(self.lanes[s.index], 0), s.index))  # type: ignore[index]
         slot.clear_episode()
         slot.state = SlotState.CLAIMED
         slot.token = secrets.token_hex(16)  # 128 bits: unguessable, and short on the wire

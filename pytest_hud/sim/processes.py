@@ -155,6 +155,7 @@ class ProcessSim(VectorSim):
         self.tasks = hellos[0][4]
         for block, hello in zip(self._blocks, hellos):
             block.stats = hello[5]
+        self.lanes = tuple(k for k, block in enumerate(self._blocks) for _ in range(block.start, block.stop))
 
     def contract(self) -> Contract:
         return self._contract

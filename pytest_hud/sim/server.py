@@ -70,7 +70,8 @@ class BridgeServer:
         self.engine = BridgeEngine(sim.width, self.contract, sim.hold_action(), hold=hold,
                                    wave=not sim.supports_slot_reset, timeouts=timeouts,
                                    build_args=build_args, tick=tick, tick_window=tick_window,
-                                   tasks=tuple(getattr(sim, "tasks", ()) or ()))
+                                   tasks=tuple(getattr(sim, "tasks", ()) or ()),
+                                   lanes=getattr(sim, "lanes", None))
         self.started = time.monotonic()
         self._wave_gather_s = wave_gather_s
         self._sim_gate = _SimGate()

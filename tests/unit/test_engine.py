@@ -114,6 +114,19 @@ def test_a_full_bridge_refuses_claims_until_a_slot_is_released():
     assert engine.can_claim() and engine.claim(2, {}).index == 0
 
 
+def test_claims_go_to_the_least_busy_lane_where_slots_step_in_parallel():
+    engine, _ = make(4, lanes=(0, 0, 1, 1))  # two processes of two slots each
+    a, b = engine.claim(1, {}), engine.claim(1, {})
+    assert (a.index, b.index) == (0, 2)  # one episode on each process
+    assert engine.claim(1, {}).index == 1  # lanes equally busy: the lowest free index
+    engine.release(b, "done")
+    assert engine.claim(1, {}).index == 2  # lane 1 is the idle one again
+    plain, _ = make(4)  # one after another: the lowest free index, as ever
+    assert [plain.claim(1, {}).index for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="lanes names 3 slots, the bridge has 4"):
+        make(4, lanes=(0, 0, 1))
+
+
 def test_closing_an_owner_releases_only_its_claims():
     engine, _ = make(3)
     a, b = engine.claim(1, {}), engine.claim(2, {})
