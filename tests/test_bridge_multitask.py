@@ -98,7 +98,9 @@ def test_multitask_episodes_are_the_same_in_processes_after_task_switches(bridge
     for task in ("left", "right"):
         play(address, 2, task, build={"cache_size": 1})
     slot, prompt, seen, _ = play(address, 9, "up", hold_others=2, build={"cache_size": 1})
-    assert slot == 2 and prompt == "up"
+    # the two held claims spread over the processes (lanes), so which slot is left depends on the
+    # cores; whichever it is, the episode is the reference one
+    assert slot in (1, 2) and prompt == "up"
     np.testing.assert_array_equal(seen, expected)
     with ControlClient(address) as control:
         stats = control.stats()
