@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +188,27 @@ class AsyncControlClient:
         await self._rpc.close()
 
 
+def _exited(error: BridgeError, pid: int | None) -> BridgeError:
+    """``error`` (a slot connection that closed without an error frame), saying so when the bridge
+    process on this host has exited: the usual cause, and one the frame cannot tell."""
+    if pid is None or not sys.platform.startswith("linux"):
+        return error
+    deadline = time.monotonic() + 0.5  # its sockets close before it is a zombie: give it a moment
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            state = "X"
+        except (OSError, IndexError):
+            return error
+        if state in ("Z", "X"):
+            return BridgeError(f"{error}: the bridge process (pid {pid}) has exited")
+        if time.monotonic() > deadline:
+            return error
+        time.sleep(0.02)
+
+
 def _unreachable(where: str, exc: BaseException) -> str:
     why = " (nothing listens there: has the bridge exited?)" if isinstance(exc, ConnectionRefusedError) else ""
     return f"cannot reach the bridge's slot WebSocket at {where}: {exc}{why}"
@@ -208,6 +231,8 @@ class SlotClient:
             self._ws = BlockingWebSocket(url, MAX_FRAME_BYTES, connect_timeout, unix=unix)
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
             raise BridgeError(_unreachable(url, exc)) from None
+        # on the Unix socket, the bridge runs on this host: its pid says whether it has exited
+        self._pid = address.pid if isinstance(address, BridgeAddress) and self._ws.unix else None
         try:
             self.metadata = read_frame(self._recv(connect_timeout), "metadata")
             self._send(claim_frame(token))
@@ -222,7 +247,7 @@ class SlotClient:
         except TimeoutError:
             raise BridgeError(f"bridge sent nothing for {timeout:g} s") from None
         except ConnectionClosed as exc:
-            raise closed_error(exc) from None
+            raise _exited(closed_error(exc), self._pid) from None
 
     def _send(self, data: bytes) -> None:
         try:
@@ -232,7 +257,7 @@ class SlotClient:
                 late: bytes | str | None = self._ws.recv(0.5)  # the bridge's error frame, if buffered
             except (ConnectionClosed, TimeoutError):
                 late = None
-            raise send_error(exc, late) from None
+            raise (send_error(exc, late) if late is not None else _exited(closed_error(exc), self._pid)) from None
 
     def step(self, action: Any) -> dict[str, Any]:
         """Send one action (``[A]``), return the next observation frame."""

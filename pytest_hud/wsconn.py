@@ -59,6 +59,7 @@ class BlockingWebSocket:
         self._state = _OPEN
         deadline = time.monotonic() + open_timeout
         self._sock = unix_connection(unix, open_timeout) if unix else None
+        self.unix = self._sock is not None  # connected over the Unix socket (the server is on this host)
         if self._sock is None:
             self._sock = socket.create_connection((host, port), timeout=open_timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

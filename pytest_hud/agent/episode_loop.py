@@ -141,6 +141,9 @@ class EpisodeLoop:
             limit + 5.0, "--hud-first-action-timeout" if first else "--hud-step-timeout")
         try:
             output = self.model.predict(features(frame), self.prompt)
+        except PolicyTimeout as exc:
+            _WATCHDOG.disarm()
+            raise EpisodeError(str(exc)) from None
         finally:
             if armed:
                 _WATCHDOG.disarm()
@@ -158,6 +161,12 @@ class EpisodeLoop:
         _WATCHDOG.release()
 
 
+class PolicyTimeout(BaseException):
+    """Raised inside a model call that outlived its limit. A ``BaseException``, like
+    ``KeyboardInterrupt``, so that a policy's own ``except Exception`` (a retry loop, say) does not
+    swallow it; the episode loop turns it into :class:`EpisodeError`."""
+
+
 class _Watchdog:
     """Interrupts a model call that outlives its limit (main thread, SIGALRM not in use).
 
@@ -169,6 +178,8 @@ class _Watchdog:
     timer and a handler per step were four), and the timer fires at most once per limit.
     :meth:`release` stops the timer, then puts SIG_DFL back, at an episode's end. The handler
     itself never touches the disposition: a timer still running at SIG_DFL would end the process.
+    A call past its limit gets :class:`PolicyTimeout`, and again every ``repeat_s`` while it is
+    still under way (a policy that catches even that is interrupted until it lets go).
 
     ``_signal`` rather than ``signal``: the latter wraps every call in enum conversions.
     """
@@ -177,6 +188,7 @@ class _Watchdog:
         self.deadline: float | None = None  # the model call under way must end by then
         self.due: float | None = None  # when the armed timer goes off (None: not armed)
         self.installed = False  # our handler was installed by arm() and not yet released
+        self.repeat_s = 5.0  # how often a call past its limit is interrupted again
         self.seconds = 0.0
         self.option = ""
         self._handler = self._expired
@@ -224,8 +236,9 @@ class _Watchdog:
             _signal.setitimer(_signal.ITIMER_REAL, left)
             self.due = self.deadline
             return
-        self.deadline = None
-        raise EpisodeError(f"the policy did not answer within {self.seconds:g} s ({self.option} plus a margin)")
+        _signal.setitimer(_signal.ITIMER_REAL, self.repeat_s)  # again, if the call goes on regardless
+        self.due = time.monotonic() + self.repeat_s
+        raise PolicyTimeout(f"the policy did not answer within {self.seconds:g} s ({self.option} plus a margin)")
 
 
 _WATCHDOG = _Watchdog()
@@ -239,6 +252,9 @@ def watchdog(seconds: float | None, option: str) -> Iterator[None]:
         return
     try:
         yield
+    except PolicyTimeout as exc:
+        _WATCHDOG.disarm()
+        raise EpisodeError(str(exc)) from None
     finally:
         _WATCHDOG.disarm()
         _WATCHDOG.release()

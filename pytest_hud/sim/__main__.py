@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         payload["lease"] = lease.port
     if args.announce:
         write_announce(args.announce, payload)
+        unix = f" (on this host also {server.ws_unix})" if server.ws_unix else ""
+        print(f"pytest-hud bridge: serving {args.target} with {args.width} slots: slot WebSockets at "
+              f"ws://{args.host}:{server.ws_port}{unix}, control port {server.control_port}; "
+              f"announce file {args.announce}", file=sys.stderr, flush=True)
     else:
         print(json.dumps({k: v for k, v in payload.items() if k != "secret"}), file=sys.stderr)
 

@@ -107,7 +107,7 @@ class _Block:
 
     @property
     def slots(self) -> str:
-        return f"{self.start}" if self.stop - self.start == 1 else f"{self.start}-{self.stop - 1}"
+        return f"slot {self.start}" if self.stop - self.start == 1 else f"slots {self.start}-{self.stop - 1}"
 
     def send(self, call: str, *args: Any) -> None:
         try:
@@ -121,12 +121,12 @@ class _Block:
         except (OSError, EOFError):
             raise self._died() from None
         if status == "error":
-            raise RuntimeError(f"the env process of slots {self.slots} raised:\n{value.rstrip()}")
+            raise RuntimeError(f"the env process of {self.slots} raised:\n{value.rstrip()}")
         return value
 
     def _died(self) -> RuntimeError:
         self.process.join(1.0)
-        return RuntimeError(f"the env process of slots {self.slots} died (exit code {self.process.exitcode})")
+        return RuntimeError(f"the env process of {self.slots} died (exit code {self.process.exitcode})")
 
 
 class ProcessSim(VectorSim):

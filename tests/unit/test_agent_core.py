@@ -219,7 +219,7 @@ def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole
         assert dog.arm(0.4, "--hud-step-timeout")
         assert signal.getitimer(signal.ITIMER_REAL)[0] < 0.25
         t0 = time.monotonic()
-        with pytest.raises(EpisodeError, match=r"did not answer within 0.4 s \(--hud-step-timeout"):
+        with pytest.raises(episode_loop.PolicyTimeout, match=r"did not answer within 0.4 s \(--hud-step-timeout"):
             time.sleep(5)
         assert 0.35 <= time.monotonic() - t0 < 2
         dog.disarm()
@@ -232,7 +232,7 @@ def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole
         assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
         # and the next call is watched again
         assert dog.arm(0.1, "--hud-first-action-timeout")
-        with pytest.raises(EpisodeError, match="--hud-first-action-timeout"):
+        with pytest.raises(episode_loop.PolicyTimeout, match="--hud-first-action-timeout"):
             time.sleep(5)
         dog.disarm()
         assert dog.arm(30, "--hud-step-timeout")
@@ -277,11 +277,47 @@ def test_a_timer_taken_over_by_the_model_is_set_again_at_the_next_call():
         dog.disarm()
         time.sleep(1.3)  # past the due time by more than a second: the timer is known lost
         assert dog.arm(0.2, "--hud-step-timeout")
-        with pytest.raises(EpisodeError):
+        with pytest.raises(episode_loop.PolicyTimeout):
             time.sleep(5)
         dog.disarm()
     finally:
         dog.release()
+
+
+@FREE_SIGALRM
+def test_a_policy_that_catches_exceptions_is_interrupted_all_the_same_and_again_while_it_goes_on():
+    class Stubborn:
+        """Retries whatever goes wrong, and even swallows the first interrupt of all."""
+
+        def __init__(self):
+            self.caught = []
+
+        def predict(self, observation, prompt=None):
+            while True:
+                try:
+                    time.sleep(10)
+                except Exception as exc:  # noqa: BLE001 - the policy's own catch-all
+                    self.caught.append(exc)
+                except BaseException as exc:
+                    if self.caught:
+                        raise
+                    self.caught.append(exc)
+
+    model = Stubborn()
+    usual = episode_loop._WATCHDOG.repeat_s
+    episode_loop._WATCHDOG.repeat_s = 0.3
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(EpisodeError, match=r"did not answer within 0.2 s \(--hud-step-timeout"):
+            with watchdog(0.2, "--hud-step-timeout"):
+                model.predict(frame())
+    finally:
+        episode_loop._WATCHDOG.repeat_s = usual
+    # interrupted at the limit, swallowed once, interrupted again 0.3 s later: out
+    assert 0.45 <= time.monotonic() - t0 < 3
+    assert [type(e) for e in model.caught] == [episode_loop.PolicyTimeout]
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 @FREE_SIGALRM
