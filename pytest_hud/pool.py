@@ -332,7 +332,8 @@ class SimPool:
             except (BridgeError, OSError):
                 return  # a bridge that cannot answer now has nothing to add
             if hint:
-                hints[i] = f"bridge for {bridge.key[0]}: {hint}"
+                build = f" {bridge.key[1]}" if bridge.key[1] != "{}" else ""  # two bridges of one target differ here
+                hints[i] = f"bridge for {bridge.key[0]}{build}: {hint}"
 
         threads = [threading.Thread(target=ask, args=(i, b), daemon=True, name="hud-stats")
                    for i, b in enumerate(bridges)]

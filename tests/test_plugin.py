@@ -271,14 +271,17 @@ class Slow(gym.Env):
         self.t = 0
         return np.zeros(2, np.float32), {}
 
+    def __init__(self, delay):
+        self.delay = delay
+
     def step(self, action):
-        time.sleep(0.003)
+        time.sleep(self.delay)
         self.t += 1
         return np.zeros(2, np.float32), 0.0, self.t >= 40, False, {}
 
 
-def slow():
-    return Slow()
+def slow(delay=0.003):
+    return Slow(delay)
 '''
 
 
@@ -300,6 +303,19 @@ def test_slow(shared_sim, robot_agent, seed):
     spread = run(project, *args, "--hud-vectorization=processes")
     spread.assert_outcomes(passed=4)
     assert "note:" not in spread.stdout.str()
+    # a bridge with build arguments is named with them: one target may have several bridges
+    project.makepyfile(test_slow="""
+import pytest
+
+pytestmark = pytest.mark.hud(build={"delay": 0.002})
+
+@pytest.mark.parametrize("seed", range(4))
+def test_slow(shared_sim, robot_agent, seed):
+    robot_agent.run(shared_sim.episode(seed=seed))
+""")
+    built = run(project, *args)
+    built.assert_outcomes(passed=4)
+    built.stdout.fnmatch_lines(['note: bridge for slow:slow {"delay": 0.002}: its 2 envs stepped one after another*'])
 
 
 def test_the_tutorials_layout_runs_its_sim_and_policy_modules_from_the_eval_folder(pytester):
