@@ -101,10 +101,8 @@ async def _lean_client(spec: dict) -> None:
         while not marks["stop"].is_set():
             token = await claim(call, seed)
             seed += width
-            unix = spec.get("unix")
-            dial = (unix_connect("\0" + unix[1:], url, compression=None, max_size=None, ping_interval=None)
-                    if unix else connect(url, compression=None, max_size=None, ping_interval=None))
-            async with dial as ws:
+            unix, options = spec.get("unix"), dict(compression=None, max_size=None, ping_interval=None)
+            async with (unix_connect("\0" + unix[1:], url, **options) if unix else connect(url, **options)) as ws:
                 await ws.recv()  # metadata
                 await ws.send(msgpack.packb({"claim": token}))
                 frame = msgpack.unpackb(await ws.recv())

@@ -38,10 +38,12 @@ def worker(announce: str, episodes: int, video_dir: str, transport: str = "any")
     from pytest_hud.client import BridgeAddress, ControlClient
     from pytest_hud.episode import Episode
 
-    data = json.loads(Path(announce).read_text())
+    import dataclasses
+
+    address = BridgeAddress.from_announce(announce)
     if transport == "tcp":
-        data.pop("ws_unix", None)
-    control = ControlClient(BridgeAddress.from_dict(data))
+        address = dataclasses.replace(address, ws_unix=None)
+    control = ControlClient(address)
     contract = control.contract()
     zero = np.zeros(contract.action.shape, np.float32)
     policy_cpu = [0.0]

@@ -14,11 +14,11 @@ mean is decided once in :mod:`.bridge_protocol`; the classes here only move them
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
 import time
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

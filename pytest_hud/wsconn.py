@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import sys
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -216,32 +215,19 @@ _SEND_TIMEOUT = 30.0
 _UNREACHABLE: set[str] = set()  # Unix socket names that were not there: not tried again
 
 
-def unix_address(name: str) -> str | None:
-    """The socket address of the Unix socket ``name`` (``@name``: Linux's abstract namespace), or
-    None when it is known not to be on this host or the OS has no Unix sockets."""
-    if name in _UNREACHABLE or not hasattr(socket, "AF_UNIX"):
-        return None
-    return "\0" + name[1:] if name.startswith("@") else name
-
-
-def unreachable(name: str) -> None:
-    """``name`` could not be dialled: later connections go straight to TCP."""
-    _UNREACHABLE.add(name)
-
-
 def unix_connection(name: str, timeout: float) -> socket.socket | None:
-    """A connection to the Unix socket ``name``, or None when it is not on this host (the caller
-    dials TCP instead). ``timeout`` 0: a non-blocking socket, for an event loop."""
-    address = unix_address(name)
-    if address is None:
+    """A connection to the Unix socket ``name`` (``@name``: Linux's abstract namespace), or None
+    when it is not on this host (the caller dials TCP instead; a name that was not there is not
+    tried again). ``timeout`` 0: a non-blocking socket, for an event loop."""
+    if name in _UNREACHABLE or not hasattr(socket, "AF_UNIX"):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect(address)
+        sock.connect("\0" + name[1:] if name.startswith("@") else name)
     except OSError:  # another host or network namespace, or gone: TCP says which
         sock.close()
-        unreachable(name)
+        _UNREACHABLE.add(name)
         return None
     return sock
 
@@ -249,8 +235,6 @@ def unix_connection(name: str, timeout: float) -> socket.socket | None:
 def _timeval(seconds: float) -> bytes:
     """A ``struct timeval`` for SO_RCVTIMEO / SO_SNDTIMEO (never 0, which means no limit)."""
     usec = max(1, round(seconds * 1e6))
-    if sys.platform == "win32":  # a DWORD of milliseconds there
-        return struct.pack("@L", min(max(1, usec // 1000), 0xFFFFFFFF))
     return struct.pack("@ll", usec // 1_000_000, usec % 1_000_000)
 
 

@@ -142,7 +142,6 @@ class EpisodeLoop:
         try:
             output = self.model.predict(features(frame), self.prompt)
         except PolicyTimeout as exc:
-            _WATCHDOG.disarm()
             raise EpisodeError(str(exc)) from None
         finally:
             if armed:
@@ -173,13 +172,12 @@ class _Watchdog:
     One interval timer serves every step of an episode: :meth:`arm` installs the handler (once),
     notes the call's deadline and sets the timer only when it is not already due sooner;
     :meth:`disarm` forgets the deadline. When the timer goes off, a call still inside its limit
-    gets a timer for the rest of it, a call past it gets :class:`EpisodeError`, and with no call
-    under way nothing is set again until the next call. So a step makes no system call here (a
-    timer and a handler per step were four), and the timer fires at most once per limit.
-    :meth:`release` stops the timer, then puts SIG_DFL back, at an episode's end. The handler
-    itself never touches the disposition: a timer still running at SIG_DFL would end the process.
-    A call past its limit gets :class:`PolicyTimeout`, and again every ``repeat_s`` while it is
-    still under way (a policy that catches even that is interrupted until it lets go).
+    gets a timer for the rest of it, a call past it gets :class:`PolicyTimeout` (and again every
+    ``repeat_s`` while it is still under way), and with no call under way nothing is set again
+    until the next call. So a step makes no system call here (a timer and a handler per step were
+    four), and between calls the timer fires at most once per limit. :meth:`release` stops the
+    timer, then puts SIG_DFL back, at an episode's end. The handler itself never touches the
+    disposition: a timer still running at SIG_DFL would end the process.
 
     ``_signal`` rather than ``signal``: the latter wraps every call in enum conversions.
     """
@@ -253,7 +251,6 @@ def watchdog(seconds: float | None, option: str) -> Iterator[None]:
     try:
         yield
     except PolicyTimeout as exc:
-        _WATCHDOG.disarm()
         raise EpisodeError(str(exc)) from None
     finally:
         _WATCHDOG.disarm()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -229,14 +230,12 @@ class BridgeEngine:
             raise SlotError("no free slot")
         name = task.get("task")
         slot = next((s for s in free if name is not None and s.last_task == name), None)
+        if slot is None and self.lanes is not None:
+            lanes = self.lanes
+            busy = Counter(lanes[s.index] for s in self.slots if s.state is not SlotState.FREE)
+            slot = min(free, key=lambda s: (busy[lanes[s.index]], s.index))
         if slot is None:
             slot = free[0]
-            if self.lanes is not None:
-                busy: dict[int, int] = {}
-                for s in self.slots:
-                    if s.state is not SlotState.FREE:
-                        busy[self.lanes[s.index]] = busy.get(self.lanes[s.index], 0) + 1
-                slot = min(free, key=lambda s: (busy.get(self.lanes[s.index], 0), s.index))  # type: ignore[index]
         slot.clear_episode()
         slot.state = SlotState.CLAIMED
         slot.token = secrets.token_hex(16)  # 128 bits: unguessable, and short on the wire

@@ -157,8 +157,8 @@ class BridgeServer:
             "tasks": list(engine.tasks),
             "sim": sim_stats(self.sim),
             "step_s": self.step_s,
-            "hint": stepping_hint(self.sim, engine.ticks, engine.env_steps, self.step_s, self._ticked_until - self._ticked_from,
-                                  default_threads(engine.width)),
+            "hint": stepping_hint(self.sim, engine.ticks, engine.env_steps, self.step_s,
+                                  self._ticked_until - self._ticked_from, default_threads(engine.width)),
         }
 
     async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:

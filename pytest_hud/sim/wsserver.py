@@ -248,14 +248,14 @@ async def serve_ws(handler: WsHandler, host: str, port: int, max_size: int, unix
     servers = [await loop.create_server(factory, host, port)]
     name = None
     if unix:
-        sock = abstract_unix_listener("pytest-hud-ws")
+        sock = _abstract_unix_listener("pytest-hud-ws")
         if sock is not None:
             servers.append(await loop.create_unix_server(factory, sock=sock))
             name = "@" + sock.getsockname()[1:].decode()
     return WsServer(servers, connections, name)
 
 
-def abstract_unix_listener(prefix: str) -> socket.socket | None:
+def _abstract_unix_listener(prefix: str) -> socket.socket | None:
     """A listening socket in Linux's abstract namespace (no file to clean up, gone with the process);
     None elsewhere, or where it cannot be bound."""
     if not sys.platform.startswith("linux"):

@@ -207,85 +207,79 @@ FREE_SIGALRM = pytest.mark.skipif(
 )
 
 
-@FREE_SIGALRM
-def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole_limit():
-    dog = episode_loop._Watchdog()
-    try:
-        assert dog.arm(0.4, "--hud-step-timeout")
-        dog.disarm()
-        time.sleep(0.2)
-        # the timer set for the first call is still due first: the second call's arm sets nothing,
-        # and when the timer goes off mid-call it is set again for the rest of this call's limit
-        assert dog.arm(0.4, "--hud-step-timeout")
-        assert signal.getitimer(signal.ITIMER_REAL)[0] < 0.25
-        t0 = time.monotonic()
-        with pytest.raises(episode_loop.PolicyTimeout, match=r"did not answer within 0.4 s \(--hud-step-timeout"):
-            time.sleep(5)
-        assert 0.35 <= time.monotonic() - t0 < 2
-        dog.disarm()
-        # between calls the timer goes off once and is not set again (the handler stays: a timer
-        # running at SIG_DFL would end the process)
-        assert dog.arm(0.1, "--hud-step-timeout")
-        dog.disarm()
-        time.sleep(0.3)
-        assert signal.getsignal(signal.SIGALRM) == dog._handler
-        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-        # and the next call is watched again
-        assert dog.arm(0.1, "--hud-first-action-timeout")
-        with pytest.raises(episode_loop.PolicyTimeout, match="--hud-first-action-timeout"):
-            time.sleep(5)
-        dog.disarm()
-        assert dog.arm(30, "--hud-step-timeout")
-        dog.disarm()
-    finally:
-        dog.release()
-    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL  # released: no timer, no handler
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-
-
-@FREE_SIGALRM
-def test_the_timer_goes_off_inside_arm_and_nothing_is_left_running_at_sig_dfl(monkeypatch):
-    """The handler runs at the next bytecode check, which can fall inside arm(): whatever it does
-    there, release() must leave neither a handler nor a running timer behind."""
-    dog = episode_loop._Watchdog()
-    try:
-        assert dog.arm(30, "--hud-step-timeout")
-        dog.disarm()
-        clock = time.monotonic
-
-        def firing_clock():  # the timer goes off just after arm() saw our handler installed
-            monkeypatch.setattr(episode_loop.time, "monotonic", clock)
-            dog._expired(signal.SIGALRM, None)
-            return clock()
-
-        monkeypatch.setattr(episode_loop.time, "monotonic", firing_clock)
-        assert dog.arm(30, "--hud-step-timeout")
-        assert signal.getitimer(signal.ITIMER_REAL)[0] > 29  # set again: it had gone off
-        dog.disarm()
-    finally:
-        dog.release()
+@pytest.fixture
+def dog():
+    """A watchdog of the test's own, released after it: no handler and no timer may be left."""
+    watch = episode_loop._Watchdog()
+    yield watch
+    watch.release()
     assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 @FREE_SIGALRM
-def test_a_timer_taken_over_by_the_model_is_set_again_at_the_next_call():
-    dog = episode_loop._Watchdog()
-    try:
-        assert dog.arm(0.2, "--hud-step-timeout")
-        signal.setitimer(signal.ITIMER_REAL, 0)  # e.g. a predict() that used signal.alarm itself
-        dog.disarm()
-        time.sleep(1.3)  # past the due time by more than a second: the timer is known lost
-        assert dog.arm(0.2, "--hud-step-timeout")
-        with pytest.raises(episode_loop.PolicyTimeout):
-            time.sleep(5)
-        dog.disarm()
-    finally:
-        dog.release()
+def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole_limit(dog):
+    assert dog.arm(0.4, "--hud-step-timeout")
+    dog.disarm()
+    time.sleep(0.2)
+    # the timer set for the first call is still due first: the second call's arm sets nothing,
+    # and when the timer goes off mid-call it is set again for the rest of this call's limit
+    assert dog.arm(0.4, "--hud-step-timeout")
+    assert signal.getitimer(signal.ITIMER_REAL)[0] < 0.25
+    t0 = time.monotonic()
+    with pytest.raises(episode_loop.PolicyTimeout, match=r"did not answer within 0.4 s \(--hud-step-timeout"):
+        time.sleep(5)
+    assert 0.35 <= time.monotonic() - t0 < 2
+    dog.disarm()
+    # between calls the timer goes off once and is not set again (the handler stays: a timer
+    # running at SIG_DFL would end the process)
+    assert dog.arm(0.1, "--hud-step-timeout")
+    dog.disarm()
+    time.sleep(0.3)
+    assert signal.getsignal(signal.SIGALRM) == dog._handler
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    # and the next call is watched again
+    assert dog.arm(0.1, "--hud-first-action-timeout")
+    with pytest.raises(episode_loop.PolicyTimeout, match="--hud-first-action-timeout"):
+        time.sleep(5)
+    dog.disarm()
+    assert dog.arm(30, "--hud-step-timeout")
+    dog.disarm()
 
 
 @FREE_SIGALRM
-def test_a_policy_that_catches_exceptions_is_interrupted_all_the_same_and_again_while_it_goes_on():
+def test_the_timer_goes_off_inside_arm_and_nothing_is_left_running_at_sig_dfl(dog, monkeypatch):
+    """The handler runs at the next bytecode check, which can fall inside arm(): whatever it does
+    there, release() must leave neither a handler nor a running timer behind (``dog`` checks)."""
+    assert dog.arm(30, "--hud-step-timeout")
+    dog.disarm()
+    clock = time.monotonic
+
+    def firing_clock():  # the timer goes off just after arm() saw our handler installed
+        monkeypatch.setattr(episode_loop.time, "monotonic", clock)
+        dog._expired(signal.SIGALRM, None)
+        return clock()
+
+    monkeypatch.setattr(episode_loop.time, "monotonic", firing_clock)
+    assert dog.arm(30, "--hud-step-timeout")
+    assert signal.getitimer(signal.ITIMER_REAL)[0] > 29  # set again: it had gone off
+    dog.disarm()
+
+
+@FREE_SIGALRM
+def test_a_timer_taken_over_by_the_model_is_set_again_at_the_next_call(dog):
+    assert dog.arm(0.2, "--hud-step-timeout")
+    signal.setitimer(signal.ITIMER_REAL, 0)  # e.g. a predict() that used signal.alarm itself
+    dog.disarm()
+    time.sleep(1.3)  # past the due time by more than a second: the timer is known lost
+    assert dog.arm(0.2, "--hud-step-timeout")
+    with pytest.raises(episode_loop.PolicyTimeout):
+        time.sleep(5)
+    dog.disarm()
+
+
+@FREE_SIGALRM
+def test_a_policy_that_catches_exceptions_is_interrupted_all_the_same_and_again_while_it_goes_on(monkeypatch):
     class Stubborn:
         """Retries whatever goes wrong, and even swallows the first interrupt of all."""
 
@@ -304,15 +298,11 @@ def test_a_policy_that_catches_exceptions_is_interrupted_all_the_same_and_again_
                     self.caught.append(exc)
 
     model = Stubborn()
-    usual = episode_loop._WATCHDOG.repeat_s
-    episode_loop._WATCHDOG.repeat_s = 0.3
+    monkeypatch.setattr(episode_loop._WATCHDOG, "repeat_s", 0.3)
     t0 = time.monotonic()
-    try:
-        with pytest.raises(EpisodeError, match=r"did not answer within 0.2 s \(--hud-step-timeout"):
-            with watchdog(0.2, "--hud-step-timeout"):
-                model.predict(frame())
-    finally:
-        episode_loop._WATCHDOG.repeat_s = usual
+    with pytest.raises(EpisodeError, match=r"did not answer within 0.2 s \(--hud-step-timeout"):
+        with watchdog(0.2, "--hud-step-timeout"):
+            model.predict(frame())
     # interrupted at the limit, swallowed once, interrupted again 0.3 s later: out
     assert 0.45 <= time.monotonic() - t0 < 3
     assert [type(e) for e in model.caught] == [episode_loop.PolicyTimeout]
@@ -321,30 +311,25 @@ def test_a_policy_that_catches_exceptions_is_interrupted_all_the_same_and_again_
 
 
 @FREE_SIGALRM
-def test_episodes_on_other_threads_neither_arm_nor_release_the_main_threads_watchdog():
-    dog = episode_loop._Watchdog()
-    try:
-        assert dog.arm(30, "--hud-step-timeout")
-        seen = []
+def test_episodes_on_other_threads_neither_arm_nor_release_the_main_threads_watchdog(dog):
+    assert dog.arm(30, "--hud-step-timeout")
+    seen = []
 
-        def other():
-            seen.append(dog.arm(0.05, "--hud-step-timeout"))
-            dog.release()
-
-        thread = threading.Thread(target=other)
-        thread.start()
-        thread.join(5)
-        assert seen == [False]
-        assert signal.getsignal(signal.SIGALRM) == dog._handler and dog.seconds == 30
-        time.sleep(0.2)  # had the other thread's 0.05 s been set, it would have fired here
-        dog.disarm()
-    finally:
+    def other():
+        seen.append(dog.arm(0.05, "--hud-step-timeout"))
         dog.release()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(5)
+    assert seen == [False]
+    assert signal.getsignal(signal.SIGALRM) == dog._handler and dog.seconds == 30
+    time.sleep(0.2)  # had the other thread's 0.05 s been set, it would have fired here
+    dog.disarm()
 
 
 @FREE_SIGALRM
-def test_the_watchdog_stays_out_when_something_else_owns_sigalrm():
-    dog = episode_loop._Watchdog()
+def test_the_watchdog_stays_out_when_something_else_owns_sigalrm(dog):
     previous = signal.signal(signal.SIGALRM, lambda *a: None)  # e.g. pytest-timeout's
     try:
         assert not dog.arm(0.1, "--hud-step-timeout")
