@@ -15,12 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from websockets.exceptions import ConnectionClosed
 
 from .contract import Contract
 from .jsonrpc import RpcError
-from .wire import NotAMapError, TextFrameError, WireError, packb, unpack_map
+from .wire import FrameLayout, NotAMapError, TextFrameError, WireError, pack_action, packb, unpack_map
 
 __all__ = [
     "BridgeError",
@@ -31,6 +30,7 @@ __all__ = [
     "claim_frame",
     "action_frame",
     "read_frame",
+    "ObservationReader",
     "closed_error",
     "send_error",
 ]
@@ -78,7 +78,7 @@ def claim_frame(token: str | None) -> bytes:
 
 def action_frame(action: Any) -> bytes:
     """One action ``[A]`` as the frame the bridge steps with."""
-    return packb({"actions": np.asarray(action)})
+    return pack_action(action)
 
 
 def read_frame(raw: bytes | str, what: str) -> dict[str, Any]:
@@ -91,6 +91,30 @@ def read_frame(raw: bytes | str, what: str) -> dict[str, Any]:
         raise BridgeError(f"bridge sent a {exc.got} as {what}, expected a map") from None
     except WireError as exc:
         raise BridgeError(f"bridge sent an undecodable {what}: {exc}") from None
+
+
+class ObservationReader:
+    """:func:`read_frame` for one slot's observation frames, step after step: the frames' layout is
+    learned from one decoded the usual way, and later frames with that layout are read in place
+    (:class:`~pytest_hud.wire.FrameLayout`); any other frame is read the usual way."""
+
+    __slots__ = ("layout", "misses")
+
+    def __init__(self) -> None:
+        self.layout: FrameLayout | None = None
+        self.misses = 0  # frames that had no layout to learn: after a few, stop trying
+
+    def __call__(self, raw: bytes | str) -> dict[str, Any]:
+        layout = self.layout
+        if layout is not None:
+            frame = layout.read(raw)
+            if frame is not None:
+                return frame
+        frame = read_frame(raw, "observation")
+        if self.misses < 8:
+            self.layout = FrameLayout.learn(raw, frame)
+            self.misses += self.layout is None
+        return frame
 
 
 def closed_error(exc: ConnectionClosed) -> BridgeError:

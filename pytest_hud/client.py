@@ -34,6 +34,7 @@ from .bridge_protocol import (
     control_error,
     read_claim,
     read_contract,
+    ObservationReader,
     read_frame,
     send_error,
 )
@@ -227,6 +228,7 @@ class SlotClient:
 
         url, unix = (address.ws_url, address.ws_unix) if isinstance(address, BridgeAddress) else (address, None)
         self.recv_timeout = recv_timeout
+        self._read = ObservationReader()
         try:
             self._ws = BlockingWebSocket(url, MAX_FRAME_BYTES, connect_timeout, unix=unix)
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
@@ -262,7 +264,7 @@ class SlotClient:
     def step(self, action: Any) -> dict[str, Any]:
         """Send one action (``[A]``), return the next observation frame."""
         self._send(action_frame(action))
-        return read_frame(self._recv(self.recv_timeout), "observation")
+        return self._read(self._recv(self.recv_timeout))
 
     def close(self) -> None:
         self._ws.close()
@@ -280,6 +282,7 @@ class AsyncSlotClient:
     def __init__(self, ws: Any, recv_timeout: float) -> None:
         self._ws = ws
         self.recv_timeout = recv_timeout
+        self._read = ObservationReader()
         self.metadata: dict[str, Any] = {}
         self.first_observation: dict[str, Any] = {}
 
@@ -341,7 +344,7 @@ class AsyncSlotClient:
     async def step(self, action: Any) -> dict[str, Any]:
         """Send one action (``[A]``), return the next observation frame."""
         await self._send(action_frame(action))
-        return read_frame(await self._recv(self.recv_timeout), "observation")
+        return self._read(await self._recv(self.recv_timeout))
 
     async def close(self) -> None:
         try:

@@ -160,3 +160,87 @@ def test_action_frames_decode_exactly_as_the_general_path(action, trailer, cut):
             assert got.keys() == want.keys() and all(type(got[k]) is type(want[k]) for k in want)
         # the same value, NaN and NaT included: the same bytes when encoded again
         assert msgpack.packb(got, default=_encode) == msgpack.packb(want, default=_encode)
+
+
+from pytest_hud.wire import FrameLayout, pack_action  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(action=_VALUES)
+def test_action_frames_are_the_bytes_of_the_general_path(action):
+    try:
+        want = packb({"actions": np.asarray(action)})
+    except WireError as exc:  # e.g. None: an object array
+        with pytest.raises(WireError) as raised:
+            pack_action(action)
+        assert str(raised.value) == str(exc)
+        return
+    assert pack_action(action) == want == msgpack.packb({"actions": np.asarray(action)}, default=_encode)
+
+
+def _same(got, want):
+    assert type(got) is dict and list(got) == list(want)
+    for key in want:
+        assert type(got[key]) is type(want[key]), key
+        if isinstance(want[key], np.ndarray):
+            assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape
+            assert not got[key].flags.writeable  # read-only, as unpackb's are
+    # the same values, NaN included: the same bytes when encoded again
+    assert msgpack.packb(got, default=_encode) == msgpack.packb(want, default=_encode)
+
+
+_LAID_OUT = st.one_of(  # the values a layout carries: their encoded length never changes
+    st.sampled_from(["<f4", ">f4", "<f8", "|u1", "<i8", ">i2", "|b1"]).flatmap(
+        lambda d: hnp.arrays(np.dtype(d), hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))),
+    st.booleans(), st.none(), st.floats(), st.sampled_from([np.float32(0.25), np.float64("nan")]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(features=st.dictionaries(st.text(max_size=20), _VALUES, max_size=6),
+       laid_out=st.dictionaries(st.text(max_size=20), _LAID_OUT, max_size=6),
+       reward=st.floats(width=32), flags=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+       flip=st.integers(0, 10**6), trailer=st.binary(min_size=1, max_size=3))
+def test_a_learned_frame_layout_reads_frames_exactly_as_unpackb(features, laid_out, reward, flags, flip, trailer):
+    """Whatever a layout reads is what unpackb gives; frames it cannot read give None, never a wrong
+    value: the next step's frame, one with a byte changed anywhere, one cut short or too long."""
+    for frame_features in (features, laid_out):
+        first = pack_frame(frame_features, reward, *flags)
+        layout = FrameLayout.learn(first, unpackb(first))
+        if frame_features is laid_out and _OUTCOME_KEYS.isdisjoint(laid_out):
+            assert layout is not None  # every value has a fixed length: the per-step path applies
+        if layout is None:
+            continue
+        later = {k: (v[::-1].copy() if isinstance(v, np.ndarray) and v.ndim else v) for k, v in frame_features.items()}
+        changed = bytearray(first)
+        changed[flip % len(first)] ^= 0x5A
+        variants = [first, pack_frame(later, -reward, *[not f for f in flags]), bytes(changed),
+                    first[:-1], first + trailer, first.decode("latin-1")]
+        for data in variants:
+            with np.errstate(over="ignore"):
+                got = layout.read(data)
+            if got is None:
+                continue
+            with np.errstate(over="ignore"):  # a changed byte may make a float32 out of range, in both
+                want = unpackb(data)
+            _same(got, want)
+
+
+_OUTCOME_KEYS = frozenset({"reward", "terminated", "truncated", "success"})
+
+
+def test_the_slot_client_reads_observation_frames_with_their_layout():
+    from pytest_hud.bridge_protocol import BridgeError, ObservationReader
+
+    read = ObservationReader()
+    frames = [pack_frame({"state": np.full(3, i, np.float32)}, float(i), i == 2, False, False) for i in range(3)]
+    assert [float(read(f)["reward"]) for f in frames] == [0.0, 1.0, 2.0]
+    assert read.layout is not None and read(frames[2])["terminated"] is True
+    other = packb({"state": np.zeros(4, np.float32), "reward": np.float32(1), "terminated": False})
+    assert read(other)["state"].shape == (4,)  # another layout: read the usual way, then learned
+    assert read.layout.read(other) is not None
+    with pytest.raises(BridgeError, match="expected a map"):
+        read(packb([1, 2]))
+    for _ in range(10):  # frames with no layout (an int's length varies): tried a few times, then not
+        assert read(packb({"step": 7, "state": np.zeros(1)}))["step"] == 7
+    assert read.misses == 8

@@ -52,13 +52,28 @@ def features(frame: Mapping[str, Any]) -> dict[str, Any]:
 
 def as_chunk(output: Any, contract: Contract) -> np.ndarray:
     """Normalise a model's output to ``[T, *action_shape]``."""
-    arr = np.asarray(output)
-    rank = len(contract.action.shape)
-    if arr.ndim <= rank:
-        if contract.action.type == "discrete" and arr.size == 1:
-            return arr.reshape(1, 1)
-        return arr.reshape((1,) + tuple(contract.action.shape)) if arr.size == contract.action_dim else arr[None]
-    return arr
+    return _Chunker(contract)(output)
+
+
+class _Chunker:
+    """:func:`as_chunk` for one contract, its action's shape worked out once (the loop asks every step)."""
+
+    __slots__ = ("rank", "one", "dim", "discrete")
+
+    def __init__(self, contract: Contract) -> None:
+        action = contract.action
+        self.rank = len(action.shape)
+        self.one = (1,) + tuple(action.shape)  # a chunk of one action
+        self.dim = contract.action_dim
+        self.discrete = action.type == "discrete"
+
+    def __call__(self, output: Any) -> np.ndarray:
+        arr = np.asarray(output)
+        if arr.ndim <= self.rank:
+            if self.discrete and arr.size == 1:
+                return arr.reshape(1, 1)
+            return arr.reshape(self.one) if arr.size == self.dim else arr[None]
+        return arr
 
 
 class EpisodeLoop:
@@ -103,6 +118,7 @@ class EpisodeLoop:
         self.inference_s = 0.0
         self._action: np.ndarray | None = None
         self._spent = 0.0  # planning time charged to the action in flight
+        self._chunk = _Chunker(contract)
 
     def begin(self, frame: Mapping[str, Any]) -> np.ndarray | None:
         """The episode's first observation; returns the first action (None: nothing to do)."""
@@ -125,13 +141,16 @@ class EpisodeLoop:
             return None
         if self.should_stop is not None and self.should_stop(features(frame), self.steps):
             return None
-        self._spent = self._plan(frame) if not self.queue else 0.0
-        self.inference_s += self._spent
-        self._action = self.queue.popleft()
+        if self.queue:
+            self._spent = 0.0
+            self._action = self.queue.popleft()
+        else:
+            self._action = self._plan(frame)
         return self._action
 
-    def _plan(self, frame: Mapping[str, Any]) -> float:
-        """Ask the model for a chunk and queue it; returns the seconds the model took."""
+    def _plan(self, frame: Mapping[str, Any]) -> np.ndarray:
+        """Ask the model for a chunk, queue all but its first action and return that one (its
+        planning time goes to ``_spent`` and ``inference_s``)."""
         first = self.steps == 0
         t0 = time.perf_counter()
         limit = self.first_action_timeout if first else self.step_timeout
@@ -146,14 +165,16 @@ class EpisodeLoop:
         finally:
             if armed:
                 _WATCHDOG.disarm()
-        chunk = as_chunk(output, self.contract)
-        spent = time.perf_counter() - t0
+        chunk = self._chunk(output)
+        self._spent = spent = time.perf_counter() - t0
+        self.inference_s += spent
         if self.n_action_steps is not None:
             chunk = chunk[: self.n_action_steps]
         if len(chunk) == 0:
             raise EpisodeError("the model returned an empty action chunk")
-        self.queue.extend(chunk)
-        return spent
+        if len(chunk) > 1:
+            self.queue.extend(chunk[1:])
+        return chunk[0]
 
     def close(self) -> None:
         """The episode is over (or abandoned): stop the watchdog's timer, put SIGALRM back."""
