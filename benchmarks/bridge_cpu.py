@@ -172,7 +172,7 @@ def start(kind: str, code_root: Path | None, python: str, width: int, workdir: P
         tick = []  # lockstep on every side, like the other bridges (older trees have no --tick)
         if '"--tick"' in (Path(code_root) / "pytest_hud" / "sim" / "__main__.py").read_text():
             tick = ["--tick", TICK[0]]
-        proc = subprocess.Popen([python, "-m", "pytest_hud.sim", ENVS[ENV[0]][0], "--width", str(width),
+        proc = subprocess.Popen([python, "-m", "pytest_hud.sim", ENVS[ENV[0]][0], "--width", str(width), "--vectorization", "sync",
                                  "--announce", str(announce), *tick], env=env, cwd=workdir)
         while not announce.exists():
             if proc.poll() is not None:

@@ -16,7 +16,10 @@ episodes, reports):
 - ``hud-1thread``: the same with ``OMP_NUM_THREADS=1`` (one torch thread per worker: W workers
   with one thread per core each spin-wait against each other on a small machine);
 - ``hud-server``: the same with ``--hud-policy-server`` (one model copy serving all workers with
-  batched forwards; workers load no torch);
+  batched forwards; workers load no torch), with the default ``--hud-vectorization=auto`` (which
+  puts PushT's 8 envs, a few ms per step, in one process per core);
+- ``hud-server-sync`` (not run by default): ``hud-server`` with ``--hud-vectorization=sync`` (the
+  8 envs stepped one after another in the bridge's process: the default before ``auto``);
 - ``hud-server-async`` (not run by default): ``hud-server`` with ``--hud-vectorization=async``
   (the bridge's 8 PushT envs step in 8 processes, so the sim, which is most of the work, uses
   every core);
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--setups", nargs="+",
         default=["lerobot-eval", "hud", "hud-1thread", "hud-server", "lerobot-eval-96", "lerobot-eval"],
-        choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server",
+        choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server", "hud-server-sync",
                  "hud-server-async", "hud-server-processes", "hud-server-processes-lockstep",
                  "hud-server-processes-ready", "hud-server-threads", "hud-server-ready"],
         help="What to run, in this order; repeats allowed (the ratio uses the median lerobot-eval wall time)")
@@ -223,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    dict(env, OMP_NUM_THREADS="1"), name, []),
             "hud-server": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                   ["--hud-policy-server"]),
+            "hud-server-sync": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                       ["--hud-policy-server", "--hud-vectorization=sync"]),
             "hud-server-async": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                         ["--hud-policy-server", "--hud-vectorization=async"]),
             "hud-server-processes": lambda name: pytest_hud(

@@ -68,7 +68,8 @@ class HudController:
         spec = BridgeSpec(
             width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
             first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
-            vectorization=settings.vectorization, tick=settings.bridge_tick, tick_window=settings.tick_window,
+            vectorization=settings.vectorization, tick=settings.tick, tick_window=settings.tick_window,
+            batched_policy=settings.policy_server,
             io_thread=settings.io_thread,
             cwd=invocation,
             python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
@@ -304,7 +305,7 @@ class HudController:
         s = self.settings
         where = f"attached to {s.sim_url}" if s.sim_url else self.pool.launcher.describe()
         return [
-            f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} tick={s.bridge_tick} "
+            f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} tick={s.tick} "
             f"policy={s.policy or '(per test)'} ({where})",
         ] + ([f"hud: results -> {self.results_path}"] if self.results_path else []) + (
             [f"hud: shard {s.shard_spec} (a stable partition of the suite's episodes)"] if s.shard else [])

@@ -48,8 +48,9 @@ class BridgeSpec:
     claim_timeout: float = 30.0
     first_action_timeout: float = 300.0
     step_timeout: float = 30.0
-    vectorization: str = "sync"
+    vectorization: str = "auto"
     tick: str = "auto"
+    batched_policy: bool = False  # a batching policy server answers the episodes (--hud-policy-server)
     tick_window: float = 0.001  # settings.OPTIONS["tick_window"]
     io_thread: bool = False  # settings.OPTIONS["io_thread"]
     host: str = "127.0.0.1"
@@ -285,6 +286,7 @@ class SimPool:
             "--vectorization", spec.vectorization,
             "--tick", spec.tick,
             "--tick-window", repr(spec.tick_window),
+            *(["--batched-policy"] if spec.batched_policy else []),
             *(["--io-thread"] if spec.io_thread else []),
             "--build-args", json.dumps(build),
             "--claim-timeout", str(spec.claim_timeout),
@@ -292,9 +294,10 @@ class SimPool:
             "--step-timeout", str(spec.step_timeout),
         ]
         service = self._launch(cmd, f"bridge for {target!r}", "bridge")
-        note = service.announce.get("vectorization_note")
-        if note:
-            self.notes[f"bridge for {target}: --hud-vectorization={note}"] = None
+        for field_ in ("vectorization_note", "vectorization_auto"):
+            note = service.announce.get(field_)
+            if note:
+                self.notes[f"bridge for {target}: --hud-vectorization={note}"] = None
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
         return _Bridge(key, service, address, service.log, time.monotonic())
 

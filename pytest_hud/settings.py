@@ -49,10 +49,11 @@ OPTIONS: dict[str, Option] = {
     "max_steps": Option(int, None, "Stop and grade an episode after this many steps"),
     "n_action_steps": Option(int, None, "Actions executed from each predicted chunk before re-planning"),
     "policy_server": Option(bool, False, "Serve the policy from one batched policy server per run (workers load no model)"),
-    "vectorization": Option(str, "sync", "How bridges vectorize single envs: sync (one thread), async (a "
-                            "process per env), processes (one process per core, each a block of slots) or "
-                            "threads (one thread per core; only for envs safe on threads, see "
-                            "--check-threads)", ("sync", "async", "processes", "threads")),
+    "vectorization": Option(str, "auto", "How bridges vectorize single envs: auto (processes when an env's "
+                            "step takes 1 ms or more and there are several slots and cores, else sync), sync "
+                            "(one thread), async (a process per env), processes (one process per core, each a "
+                            "block of slots) or threads (one thread per core; only for envs safe on threads, "
+                            "see --check-threads)", ("auto", "sync", "async", "processes", "threads")),
     "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
                    "(the slots whose actions are in; independent envs only) or auto (lockstep with "
                    "--hud-policy-server and parallel vectorization, so its batches fill; else ready where "
@@ -171,7 +172,7 @@ class HudSettings:
     max_steps: int | None = None
     n_action_steps: int | None = None
     policy_server: bool = False
-    vectorization: str = "sync"
+    vectorization: str = "auto"
     tick: str = "auto"
     tick_window: float = 0.001
     io_thread: bool = False
@@ -270,17 +271,6 @@ class HudSettings:
     def slots(self) -> int:
         """Slots per bridge: ``--hud-width``, else one per worker."""
         return self.width or self.workers
-
-    @property
-    def bridge_tick(self) -> str:
-        """The tick mode bridges are started with. ``auto`` is lockstep when a batching policy server
-        answers the episodes and the bridge steps its envs in parallel (``processes``, ``threads``):
-        a tick then costs about one env's step, and slots stepped together ask the server together,
-        so its batches fill (in ready mode the slots drift apart and each asks alone). A one-thread
-        bridge is better left to ready mode, where the sim steps some slots while others wait for
-        the server; ``auto`` is then left to each bridge (ready where its sim supports it)."""
-        parallel = self.vectorization in ("processes", "threads")
-        return "lockstep" if self.tick == "auto" and self.policy_server and parallel else self.tick
 
     @property
     def timeouts(self) -> Timeouts:

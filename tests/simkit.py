@@ -222,3 +222,38 @@ def one_vector_env():
     """A factory without ``num_envs`` that returns a vector env itself (two CartPoles)."""
     return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2,
                                     autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+
+
+class _Slow(gym.Wrapper):
+    def __init__(self, env, delay):
+        super().__init__(env)
+        self.delay = delay
+
+    def step(self, action):
+        import time
+
+        time.sleep(self.delay)
+        return self.env.step(action)
+
+
+def slow_pendulum(delay: float = 0.003):
+    """Pendulum-v1 whose step takes ``delay`` seconds more (``--vectorization auto`` tests)."""
+    return _Slow(gym.make("Pendulum-v1"), delay)
+
+
+class _ZeroOnly(gym.Wrapper):
+    built = 0  # envs built in this process
+
+    def __init__(self, env):
+        super().__init__(env)
+        type(self).built += 1
+
+    def step(self, action):
+        if np.any(np.asarray(action) != 0):
+            raise ValueError("this env takes zero actions only")
+        return self.env.step(action)
+
+
+def zero_only():
+    """Pendulum-v1 that refuses any action but zero (what ``auto``'s timing steps must survive)."""
+    return _ZeroOnly(gym.make("Pendulum-v1"))

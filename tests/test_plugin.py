@@ -212,8 +212,12 @@ def cartpole(num_envs):
 
 TICK = '''
 def test_tick(shared_sim, request):
+    from pytest_hud.sim.threads import default_threads
+
     asked = request.config.getoption("hud_tick") or "auto"
-    parallel = request.config.getoption("hud_vectorization") in ("processes", "threads")
+    width = request.config.getoption("hud_width") or 1
+    parallel = (request.config.getoption("hud_vectorization") in ("processes", "threads")
+                and default_threads(width) > 1)  # the slots step in parallel lanes
     if asked == "auto" and request.config.getoption("hud_policy_server") and parallel:
         asked = "lockstep"  # slots in step ask the batching policy server together
     assert shared_sim.stats()["tick"] == {"auto": "ready", "lockstep": "lockstep"}[asked]
@@ -224,11 +228,11 @@ def test_the_tick_mode_reaches_the_bridge_and_an_impossible_one_is_refused(proje
     project.makepyfile(batched=BATCHED, test_tick=TICK)
     for args in ([], ["--hud-tick=lockstep"]):  # one env per slot: auto is ready
         run(project, "-p", "no:xdist", "test_tick.py", *args).assert_outcomes(passed=1)
-    for vectorization, tick in (("sync", "auto"), ("processes", "lockstep")):
-        server = run(project, "-p", "no:xdist", "test_tick.py", "--hud-policy-server",
+    for vectorization in ("sync", "processes"):  # the bridge's own tick: TICK checks it
+        server = run(project, "-p", "no:xdist", "test_tick.py", "--hud-policy-server", "--hud-width=2",
                      f"--hud-vectorization={vectorization}")
         server.assert_outcomes(passed=1)
-        server.stdout.fnmatch_lines([f"hud: sim=* tick={tick} *"])
+        server.stdout.fnmatch_lines(["hud: sim=* tick=auto *"])
     refused = run(project, "-p", "no:xdist", "test_tick.py", "--hud-sim=batched:cartpole", "--hud-tick=ready")
     refused.assert_outcomes(errors=1)
     refused.stdout.fnmatch_lines(["*tick mode 'ready' needs a sim whose slots are independent envs, but this "
@@ -295,12 +299,19 @@ def test_slow(shared_sim, robot_agent, seed):
     robot_agent.run(shared_sim.episode(seed=seed))
 """)
     args = ("-n", "2", "--hud-sim=slow:slow", "--hud-width=2", "--hud-tick=lockstep", "--hud-policy=policies:pendulum_zero")
+    auto = run(project, *args)  # the default, auto: 3 ms per env-step, so processes
+    auto.assert_outcomes(passed=4)
+    auto.stdout.fnmatch_lines(["note: bridge for slow:slow: --hud-vectorization=auto chose processes: * ms per "
+                               "env-step, so the 2 envs step on 2 cores (--hud-vectorization=sync keeps them in "
+                               "the bridge's process)"])
+    assert "one after another" not in auto.stdout.str()
+    args += ("--hud-vectorization=sync",)
     sync = run(project, *args)
     sync.assert_outcomes(passed=4)
     sync.stdout.fnmatch_lines(["note: bridge for slow:slow: its 2 envs stepped one after another in one process "
                                "(* ms per env-step, *% of the time it ran episodes); "
                                "--hud-vectorization=processes steps them on 2 cores, with the same episodes"])
-    spread = run(project, *args, "--hud-vectorization=processes")
+    spread = run(project, *args[:-1], "--hud-vectorization=processes")
     spread.assert_outcomes(passed=4)
     assert "note:" not in spread.stdout.str()
     # a bridge with build arguments is named with them: one target may have several bridges

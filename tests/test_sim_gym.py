@@ -251,6 +251,67 @@ def test_the_stepping_hint_speaks_only_when_spreading_envs_over_cores_would_pay(
         sim.close()
 
 
+# ----------------------------------------------------------------- --hud-vectorization=auto
+def test_auto_spreads_envs_whose_step_is_slow_over_processes_and_keeps_cheap_ones_in_the_bridge():
+    from pytest_hud.sim.processes import ProcessSim
+    from pytest_hud.sim.threads import default_threads
+
+    cheap = load_sim("Pendulum-v1", 2, "auto")
+    try:  # ~20 µs per step: stepping in the bridge's process costs less than a pipe round trip
+        assert isinstance(cheap, GymSim) and cheap.lanes is None and cheap.splittable
+        assert cheap.auto_choice is None and cheap.vectorization_note is None
+    finally:
+        cheap.close()
+    slow = load_sim(f"{SIMKIT}:slow_pendulum", 2, "auto")
+    try:
+        if default_threads(2) < 2:
+            assert isinstance(slow, GymSim) and slow.auto_choice is None  # one core: nothing to spread
+        else:
+            assert isinstance(slow, ProcessSim) and len(set(slow.lanes)) == 2
+            assert slow.auto_choice.startswith("auto chose processes: ")
+            assert "ms per env-step, so the 2 envs step on 2 cores" in slow.auto_choice
+            assert float(slow.auto_choice.split(": ")[1].split(" ms")[0]) >= 3.0
+        assert slow.vectorization_note is None
+    finally:
+        slow.close()
+    for target, width in ((f"{SIMKIT}:slow_pendulum", 1), (f"{SIMKIT}:multitask", 2), (f"{SIMKIT}:counter", 2)):
+        sim = load_sim(target, width, "auto")  # one slot; factories that vectorize themselves: as they are
+        try:
+            assert not isinstance(sim, ProcessSim) and sim.auto_choice is None and sim.vectorization_note is None
+        finally:
+            sim.close()
+
+
+def test_auto_timing_steps_leave_no_trace_in_the_episodes():
+    """auto steps the first env before serving it as slot 0: an episode there is a fresh env's."""
+    sim = load_sim("Pendulum-v1", 2, "auto")
+    try:
+        actions = [0.5, -1.0, 2.0]
+        sim.reset_slots([0, 1], [7, 8], [None, None])
+        seen = [sim.observe()["state"].copy()]
+        for a in actions:
+            sim.step(np.float32([[a], [a]]))
+            seen.append(sim.observe()["state"].copy())
+        for slot, seed in ((0, 7), (1, 8)):
+            np.testing.assert_array_equal(np.stack([s[slot] for s in seen]), np.stack(single(seed, actions)))
+    finally:
+        sim.close()
+
+
+def test_auto_keeps_an_env_that_refuses_random_actions_in_sync_with_a_fresh_env():
+    import sys
+
+    sim = load_sim(f"{SIMKIT}:zero_only", 2, "auto")
+    try:
+        assert isinstance(sim, GymSim) and sim.auto_choice is None
+        kit = sys.modules[f"_hud_sim_{abs(hash(str(SIMKIT.resolve())))}"]  # the module the loader ran
+        assert kit._ZeroOnly.built == 3  # the timed env was replaced by a fresh one
+        sim.reset_slots([0, 1], [1, 2], [None, None])
+        sim.step(np.zeros((2, 1), np.float32))
+    finally:
+        sim.close()
+
+
 # ----------------------------------------------------------- --hud-vectorization=processes
 def test_processes_vectorization_gives_every_slot_exactly_what_sync_does():
     sim = load_sim("Pendulum-v1", 3, "processes")

@@ -60,10 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--contract", help="Validate against this contract.json (and use its names)")
     p.add_argument("--save-contract", help="Write the derived contract.json here and continue")
     p.add_argument("--fps", type=float, help="Control rate in Hz recorded in the contract")
-    p.add_argument("--vectorization", choices=("sync", "async", "processes", "threads"), default="sync",
-                   help="How single envs are vectorized (async: one process per slot; processes: one process "
-                        "per core, each serving a block of slots; threads: the envs stepped on one thread "
-                        "per core, each env always on the same thread)")
+    p.add_argument("--vectorization", choices=("auto", "sync", "async", "processes", "threads"), default="auto",
+                   help="How single envs are vectorized (auto: processes when an env's step takes 1 ms or "
+                        "more and there are several slots and cores, else sync; sync: one after another in "
+                        "this process; async: one process per slot; processes: one process per core, each "
+                        "serving a block of slots; threads: the envs stepped on one thread per core, each "
+                        "env always on the same thread)")
     p.add_argument("--check-threads", nargs="?", type=int, const=200, default=None, metavar="TICKS",
                    help="Serve nothing: run seeded episodes with random actions for TICKS ticks (default "
                         "200) with --vectorization sync and threads, compare everything, exit 0 if "
@@ -75,8 +77,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hold", choices=("zeros", "repeat"), default="zeros",
                    help="Action given to free, finished and disconnected slots")
     p.add_argument("--tick", choices=TICK_MODES, default="auto",
-                   help="auto: ready where the slots are independent envs, else lockstep; lockstep: step "
-                        "when every episode has acted; ready: step the slots whose actions are in")
+                   help="auto: ready where the slots are independent envs, else lockstep (and lockstep with "
+                        "--batched-policy when the slots step in parallel); lockstep: step when every "
+                        "episode has acted; ready: step the slots whose actions are in")
+    p.add_argument("--batched-policy", action="store_true",
+                   help="The episodes' actions come from one batching policy server (pytest's "
+                        "--hud-policy-server): --tick auto then steps parallel slots in lockstep, so that "
+                        "the server's batches fill")
     p.add_argument("--tick-window", type=float, default=DEFAULT_TICK_WINDOW,
                    help="Ready mode: seconds a tick waits for more actions after the first one arrives")
     p.add_argument("--io-thread", action="store_true",
@@ -143,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             contract.save(args.save_contract)
         if not args.tick_window >= 0:
             raise ValueError(f"--tick-window must be a non-negative number of seconds, got {args.tick_window}")
-        tick = resolve_tick(args.tick, slot_step=sim.supports_slot_step, slot_reset=sim.supports_slot_reset)
+        parallel = sim.lanes is not None and len(set(sim.lanes)) > 1
+        tick = resolve_tick(args.tick, slot_step=sim.supports_slot_step, slot_reset=sim.supports_slot_reset,
+                            batched_parallel=args.batched_policy and parallel)
     except (TargetError, ValueError) as exc:
         print(f"pytest-hud bridge: {exc}", file=sys.stderr)
         return 2
@@ -175,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     if sim.vectorization_note:
         payload["vectorization_note"] = sim.vectorization_note
         print(f"pytest-hud bridge: --vectorization {sim.vectorization_note}", file=sys.stderr, flush=True)
+    if sim.auto_choice:
+        payload["vectorization_auto"] = sim.auto_choice
+        print(f"pytest-hud bridge: --vectorization {sim.auto_choice}", file=sys.stderr, flush=True)
     lease = None
     if args.lease is not None:
         from ..lease import Lease

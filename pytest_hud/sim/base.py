@@ -81,6 +81,9 @@ class VectorSim:
     #: Set by the bridge's loader when the vectorization asked for did not apply to this sim: why,
     #: and what runs instead (the bridge announces it; the pytest plugin shows it in its summary).
     vectorization_note: str | None = None
+    #: Set by the loader when ``--hud-vectorization=auto`` chose something other than ``sync``: what
+    #: it chose and why (the bridge announces it; the pytest plugin shows it in its summary).
+    auto_choice: str | None = None
     #: Set by the loader when this sim's slots are independent envs stepped one after another in
     #: this process, which ``--hud-vectorization=processes`` would spread over the cores.
     splittable: bool = False

@@ -58,10 +58,16 @@ TICK_MODES = ("auto", "lockstep", "ready")
 DEFAULT_TICK_WINDOW = 0.001
 
 
-def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool) -> str:
+def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool, batched_parallel: bool = False) -> str:
     """The tick mode a bridge runs: ``auto`` is ``ready`` where the sim can step and reset its slots
     one by one, else ``lockstep``. Raises ValueError for an unknown mode or ``ready`` on a sim that
     cannot do it.
+
+    ``batched_parallel``: a batching policy server answers the episodes and the sim steps its slots
+    in parallel (processes, threads). ``auto`` is then ``lockstep``: a tick costs about one env's
+    step, and slots stepped together ask the server together, so its batches fill (in ready mode
+    the slots drift apart and each asks alone). A one-thread bridge is better left to ready mode,
+    where the sim steps some slots while others wait for the server.
 
     >>> resolve_tick("auto", slot_step=True, slot_reset=True), resolve_tick("auto", slot_step=False, slot_reset=True)
     ('ready', 'lockstep')
@@ -70,7 +76,7 @@ def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool) -> str:
         raise ValueError(f"tick mode must be auto, lockstep or ready, got {requested!r} (--hud-tick)")
     can_ready = slot_step and slot_reset
     if requested == "auto":
-        return "ready" if can_ready else "lockstep"
+        return "ready" if can_ready and not batched_parallel else "lockstep"
     if requested == "ready" and not can_ready:
         why = ("steps all its slots in one batched call" if not slot_step
                else "can only reset all its slots at once")

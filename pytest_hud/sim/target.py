@@ -115,6 +115,9 @@ def load_sim(
     from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
     kwargs = dict(build_args or {})
+    asked = vectorization
+    if vectorization == "auto":  # settled below, for a factory of single envs; any other runs as it is
+        vectorization = "sync"
     factory = resolve_factory(target)
     if factory is None:
         _check_gym_id(target)
@@ -151,6 +154,12 @@ def load_sim(
             f"sim target {target!r} returned {type(probe).__name__}; expected a gymnasium Env, "
             "a gymnasium VectorEnv or a pytest_hud.sim.VectorSim"
         )
+    if asked == "auto":
+        probe, vectorization, why = _auto_vectorization(probe, make_one, width)
+        if vectorization == "processes":
+            sim = _in_processes(target, width, kwargs, control_rate)
+            sim.auto_choice = why
+            return sim
     if vectorization == "async":
         probe.close()  # sub-processes build their own; spawn avoids forking a GL context
         env = AsyncVectorEnv([make_one] * width, autoreset_mode=AutoresetMode.DISABLED, context="spawn")
@@ -178,6 +187,65 @@ def load_sim(
         raise TargetError(
             f"vectorization must be 'sync', 'async', 'threads' or 'processes', got {vectorization!r}")
     return GymSim(env, control_rate)
+
+
+#: ``auto`` spreads a bridge's envs over processes when one env's step takes this long or longer:
+#: then stepping dominates a tick, and a block process's pipe round trip (~0.1 ms) is small beside it.
+AUTO_PROCESSES_STEP_S = 1e-3
+
+
+def _auto_vectorization(env: Any, make_one: Callable[[], Any], width: int) -> tuple[Any, str, str | None]:
+    """``--hud-vectorization=auto`` for a factory of single envs: ``processes`` when an env's step
+    costs :data:`AUTO_PROCESSES_STEP_S` or more and the bridge has several slots and cores, else
+    ``sync``. Returns the env to keep as slot 0's (None when it was closed), the choice, and why.
+
+    ``env`` (the loader's first env) is timed over a few steps of seeded random actions, the first
+    step not counted (it may set up a renderer); every episode resets its env with its own seed
+    before it starts, so these steps leave no trace in any episode. An env that refuses random
+    actions is replaced by a fresh one and the bridge stays on ``sync``.
+    """
+    from .threads import default_threads
+
+    cores = default_threads(width)
+    if cores < 2:
+        return env, "sync", None
+    try:
+        per_step = _env_step_seconds(env)
+    except Exception:  # noqa: BLE001 - the env's own trouble shows when an episode steps it
+        env.close()
+        return make_one(), "sync", None
+    if per_step < AUTO_PROCESSES_STEP_S:
+        return env, "sync", None
+    env.close()  # each process builds its own envs
+    return None, "processes", (f"auto chose processes: {per_step * 1e3:.1f} ms per env-step, so the "
+                               f"{width} envs step on {cores} cores (--hud-vectorization=sync keeps them "
+                               "in the bridge's process)")
+
+
+def _env_step_seconds(env: Any, budget_s: float = 0.25, steps: int = 8) -> float:
+    """The median wall time of one ``env.step`` over up to ``steps`` steps (or ``budget_s``)."""
+    import copy
+    import statistics
+    import time
+
+    space = copy.deepcopy(env.action_space)  # the env's own space keeps its random state
+    space.seed(0)
+    env.reset(seed=0)
+    times: list[float] = []
+    end = None
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        _, _, terminated, truncated, _ = env.step(space.sample())
+        t1 = time.perf_counter()
+        if end is None:
+            end = t1 + budget_s  # the first step is not counted
+        else:
+            times.append(t1 - t0)
+            if t1 > end:
+                break
+        if terminated or truncated:
+            env.reset(seed=i + 1)
+    return statistics.median(times)
 
 
 def _in_processes(target: str, width: int, kwargs: Mapping[str, Any], control_rate: float | None) -> VectorSim:

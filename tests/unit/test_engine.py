@@ -587,15 +587,19 @@ def test_a_ready_mode_step_reports_only_the_slots_it_stepped_as_ended():
     assert b.state is SlotState.LIVE and not b.needs_park_reset
 
 
-@pytest.mark.parametrize("requested, slot_step, slot_reset, mode", [
-    ("auto", True, True, "ready"),
-    ("auto", False, True, "lockstep"),  # natively batched
-    ("auto", True, False, "lockstep"),  # resets all at once: waves tick in lockstep
-    ("lockstep", True, True, "lockstep"),
-    ("ready", True, True, "ready"),
+@pytest.mark.parametrize("requested, slot_step, slot_reset, batched_parallel, mode", [
+    ("auto", True, True, False, "ready"),
+    ("auto", False, True, False, "lockstep"),  # natively batched
+    ("auto", True, False, False, "lockstep"),  # resets all at once: waves tick in lockstep
+    ("auto", True, True, True, "lockstep"),  # parallel lanes asking a batching server: in step
+    ("lockstep", True, True, False, "lockstep"),
+    ("ready", True, True, False, "ready"),
+    ("ready", True, True, True, "ready"),  # asked for: as asked
 ])
-def test_auto_picks_ready_where_the_sim_steps_its_slots_on_their_own(requested, slot_step, slot_reset, mode):
-    assert resolve_tick(requested, slot_step=slot_step, slot_reset=slot_reset) == mode
+def test_auto_picks_ready_where_the_sim_steps_its_slots_on_their_own(requested, slot_step, slot_reset,
+                                                                       batched_parallel, mode):
+    assert resolve_tick(requested, slot_step=slot_step, slot_reset=slot_reset,
+                        batched_parallel=batched_parallel) == mode
 
 
 @pytest.mark.parametrize("requested, slot_step, slot_reset, message", [

@@ -28,7 +28,7 @@ def test_command_line_beats_ini_and_ini_strings_are_converted():
     ({"width": 0}, {}, "--hud-width must be at least 1, got 0"),
     ({}, {"step_timeout": "-1"}, "--hud-step-timeout must be positive"),
     ({"video": "some"}, {}, "--hud-video must be none, failed or all, got 'some'"),
-    ({}, {"vectorization": "fibers"}, "--hud-vectorization must be sync, async, processes or threads, got 'fibers'"),
+    ({}, {"vectorization": "fibers"}, "--hud-vectorization must be auto, sync, async, processes or threads, got 'fibers'"),
     ({"tick": "fast"}, {}, "--hud-tick must be auto, lockstep or ready, got 'fast'"),
     ({}, {"tick_window": "-0.001"}, "--hud-tick-window must be zero or more, got -0.001"),
     ({}, {"width": "eight"}, "ini key hud_width = 'eight' is not a valid int"),
