@@ -192,22 +192,34 @@ class AsyncControlClient:
 def _exited(error: BridgeError, pid: int | None) -> BridgeError:
     """``error`` (a slot connection that closed without an error frame), saying so when the bridge
     process on this host has exited: the usual cause, and one the frame cannot tell."""
+    deadline = time.monotonic() + 0.5  # its sockets close before it is a zombie: give it a moment
+    while (verdict := _exit_verdict(error, pid, deadline)) is None:
+        time.sleep(0.02)
+    return verdict
+
+
+async def _aexited(error: BridgeError, pid: int | None) -> BridgeError:
+    """:func:`_exited` for the asyncio client."""
+    deadline = time.monotonic() + 0.5
+    while (verdict := _exit_verdict(error, pid, deadline)) is None:
+        await asyncio.sleep(0.02)
+    return verdict
+
+
+def _exit_verdict(error: BridgeError, pid: int | None, deadline: float) -> BridgeError | None:
+    """One look at ``/proc/PID``: the error to raise, or None to look again in a moment."""
     if pid is None or not sys.platform.startswith("linux"):
         return error
-    deadline = time.monotonic() + 0.5  # its sockets close before it is a zombie: give it a moment
-    while True:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                state = stat.read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            state = "X"
-        except (OSError, IndexError):
-            return error
-        if state in ("Z", "X"):
-            return BridgeError(f"{error}: the bridge process (pid {pid}) has exited")
-        if time.monotonic() > deadline:
-            return error
-        time.sleep(0.02)
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "X"
+    except (OSError, IndexError):
+        return error
+    if state in ("Z", "X"):
+        return BridgeError(f"{error}: the bridge process (pid {pid}) has exited")
+    return error if time.monotonic() > deadline else None
 
 
 def _unreachable(where: str, exc: BaseException) -> str:
@@ -279,9 +291,10 @@ class SlotClient:
 class AsyncSlotClient:
     """asyncio WebSocket client for one claimed slot (same frames as :class:`SlotClient`)."""
 
-    def __init__(self, ws: Any, recv_timeout: float) -> None:
+    def __init__(self, ws: Any, recv_timeout: float, pid: int | None = None) -> None:
         self._ws = ws
         self.recv_timeout = recv_timeout
+        self._pid = pid  # the bridge's, when connected over its Unix socket (it runs on this host)
         self._read = ObservationReader()
         self.metadata: dict[str, Any] = {}
         self.first_observation: dict[str, Any] = {}
@@ -311,7 +324,7 @@ class AsyncSlotClient:
                 ws = await connect(url, **options)
             except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
                 raise BridgeError(_unreachable(url, exc)) from None
-        self = cls(ws, recv_timeout)
+        self = cls(ws, recv_timeout, address.pid if sock is not None and isinstance(address, BridgeAddress) else None)
         try:
             self.metadata = read_frame(await self._recv(connect_timeout), "metadata")
             await self._send(claim_frame(token))
@@ -328,7 +341,7 @@ class AsyncSlotClient:
         except TimeoutError:
             raise BridgeError(f"bridge sent nothing for {timeout:g} s") from None
         except ConnectionClosed as exc:
-            raise closed_error(exc) from None
+            raise await _aexited(closed_error(exc), self._pid) from None
 
     async def _send(self, data: bytes) -> None:
         try:
@@ -339,7 +352,8 @@ class AsyncSlotClient:
                     late: bytes | str | None = await self._ws.recv()
             except (ConnectionClosed, TimeoutError):
                 late = None
-            raise send_error(exc, late) from None
+            raise (send_error(exc, late) if late is not None
+                   else await _aexited(closed_error(exc), self._pid)) from None
 
     async def step(self, action: Any) -> dict[str, Any]:
         """Send one action (``[A]``), return the next observation frame."""

@@ -246,6 +246,36 @@ def test_slot_clients_on_the_bridges_host_take_its_unix_socket_and_see_the_same_
         socket.AF_INET, runs[socket.AF_UNIX])
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix sockets and /proc are Linux's")
+def test_both_slot_clients_say_the_bridge_exited_when_it_dies_mid_episode(bridge):
+    zero = np.zeros(1, np.float32)
+    exited = r"without an error frame: the bridge process \(pid \d+\) has exited"
+
+    address = bridge("Pendulum-v1", 1)
+    with ControlClient(address) as control, \
+            SlotClient(address, control.reset(seed=1).token, recv_timeout=20) as slot:
+        slot.step(zero)
+        bridge.processes[-1].kill()
+        with pytest.raises(BridgeError, match=exited):
+            for _ in range(3):
+                slot.step(zero)
+
+    address = bridge("Pendulum-v1", 1)
+
+    async def asyncio_run():
+        control = await AsyncControlClient.connect(address)
+        slot = await AsyncSlotClient.connect(address, (await control.reset(seed=1)).token, recv_timeout=20)
+        await slot.step(zero)
+        bridge.processes[-1].kill()
+        with pytest.raises(BridgeError, match=exited):
+            for _ in range(3):
+                await slot.step(zero)
+        await slot.close()
+        await control.close()
+
+    asyncio.run(asyncio_run())
+
+
 def test_cartpole_with_discrete_actions_runs_an_episode(bridge):
     address = bridge("CartPole-v1", 2)
     with ControlClient(address) as control:
