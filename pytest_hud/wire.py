@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -31,6 +32,7 @@ __all__ = [
     "unpackb",
     "unpack_map",
     "pack_frame",
+    "rows_packer",
     "pack_action",
     "unpack_action",
     "MAX_FRAME_BYTES",
@@ -272,11 +274,7 @@ def pack_frame(features: dict[str, Any], reward: float, done: bool, truncated: b
     ...      "truncated": False, "success": False})
     True
     """
-    # the reward travels as a float32 numpy scalar, whose msgpack value is that float32 as a double
-    try:
-        value = _F32.unpack(_F32.pack(reward))[0]
-    except (OverflowError, struct.error, TypeError):  # beyond float32's range: numpy's inf
-        value = float(np.float32(reward))
+    value = _reward_value(reward)
     if _OUTCOME.isdisjoint(features):
         parts: list[Any] = [_map_header(len(features) + 4)]
         try:
@@ -309,6 +307,59 @@ def pack_action(action: Any) -> bytes:
         head, tail = _array_pieces(arr)
         return b"".join((_ACTION_KEY, head, arr, tail))
     return packb({"actions": arr})
+
+
+def _reward_value(reward: float) -> float:
+    """The reward travels as a float32 numpy scalar, whose msgpack value is that float32 as a double."""
+    try:
+        return _F32.unpack(_F32.pack(reward))[0]
+    except (OverflowError, struct.error, TypeError):  # beyond float32's range: numpy's inf
+        return float(np.float32(reward))
+
+
+_ROWS: dict[tuple, tuple[list[bytes], bytes]] = {}
+
+
+def rows_packer(batch: dict[str, Any]) -> Callable[[int, float, bool, bool, bool], bytes]:
+    """One tick's observation frames: ``rows_packer(batch)(i, reward, done, truncated, success)`` is
+    ``pack_frame({k: v[i] for k, v in batch.items()}, reward, done, truncated, success)`` byte for
+    byte, with the bytes between the rows' arrays worked out once per batch layout (keys, dtypes,
+    row shapes), so a frame is one join of those pieces, the rows' own buffers and the outcome.
+
+    >>> batch = {"state": np.arange(4, dtype=np.float32).reshape(2, 2)}
+    >>> rows_packer(batch)(1, 0.5, False, False, True) == pack_frame({"state": batch["state"][1]}, 0.5, False, False, True)
+    True
+    """
+    arrays = list(batch.values())
+    if _OUTCOME.isdisjoint(batch) and all(
+            type(k) is str and type(v) is np.ndarray and v.ndim >= 1 and v.dtype.kind in "biuf"
+            and v.flags.c_contiguous and v.itemsize * math.prod(v.shape[1:]) <= _JOIN_LIMIT
+            for k, v in batch.items()):
+        layout = tuple((k, v.dtype.str, v.shape[1:]) for k, v in batch.items())
+        known = _ROWS.get(layout)
+        if known is None:
+            consts, before = [], _map_header(len(batch) + 4)
+            for k, v in batch.items():
+                head, tail = _array_pieces(v[0] if len(v) else np.empty(v.shape[1:], v.dtype))
+                consts.append(before + (_KEYS.get(k) or msgpack.packb(k)) + head)
+                before = tail
+            known = _remember(_ROWS, layout, (consts, before + _REWARD_HEAD))
+        consts, last = known
+        pairs = list(zip(consts, arrays))
+
+        def pack(i: int, reward: float, done: bool, truncated: bool, success: bool) -> bytes:
+            parts: list[Any] = []
+            for const, array in pairs:
+                parts.append(const)
+                parts.append(array[i])
+            parts.append(last)
+            parts.append(_float64(_reward_value(reward)))
+            parts.append(_FLAG_TAILS[bool(done), bool(truncated), bool(success)])
+            return b"".join(parts)
+
+        return pack
+    keys = list(batch)
+    return lambda i, *outcome: pack_frame({k: v[i] for k, v in zip(keys, arrays)}, *outcome)
 
 
 def packb(obj: Any) -> bytes:

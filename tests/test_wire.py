@@ -244,3 +244,38 @@ def test_the_slot_client_reads_observation_frames_with_their_layout():
     for _ in range(10):  # frames with no layout (an int's length varies): tried a few times, then not
         assert read(packb({"step": 7, "state": np.zeros(1)}))["step"] == 7
     assert read.misses == 8
+
+
+from pytest_hud.wire import rows_packer  # noqa: E402
+
+_BATCHES = st.integers(1, 4).flatmap(lambda n: st.dictionaries(
+    st.text(max_size=20),
+    st.sampled_from(["<f4", ">f4", "<f8", "|u1", "<i8", "|b1", "<U3"]).flatmap(
+        lambda d: hnp.arrays(np.dtype(d), st.tuples(st.just(n), *[st.integers(0, 4)] * 2).map(tuple)))
+    | hnp.arrays(np.float32, (n, 3)).map(lambda a: np.asfortranarray(np.stack([a, a], 2))[:, :, 0]),
+    max_size=5))
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=_BATCHES, reward=st.floats(width=32), flags=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+def test_a_ticks_frames_packed_from_the_batch_are_the_bytes_of_pack_frame(batch, reward, flags):
+    """Each slot's frame, packed from the step's batch arrays, equals ``pack_frame`` of its row: for
+    numeric batches (the fast path, its layout cached across ticks) and anything else (strings,
+    a non-contiguous batch, a feature named like an outcome key)."""
+    n = len(next(iter(batch.values()))) if batch else 1
+    for _ in range(2):  # the second time from the cached layout
+        pack = rows_packer(batch)
+        for i in range(n):
+            want = pack_frame({k: v[i] for k, v in batch.items()}, reward, *flags)
+            assert pack(i, reward, *flags) == want
+
+
+def test_batches_the_fast_path_cannot_take_are_packed_row_by_row_the_same():
+    rows = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for batch in ({"reward": rows},  # a feature named like an outcome key
+                  {"state": rows[:, ::2]},  # a non-contiguous batch
+                  {"name": np.array(["a", "b"])},  # strings
+                  {"big": np.zeros((2, 300, 300), np.uint8)}):  # rows over the join limit
+        pack = rows_packer(batch)
+        for i in range(2):
+            assert pack(i, 1.0, False, True, False) == pack_frame({k: v[i] for k, v in batch.items()}, 1.0, False, True, False)

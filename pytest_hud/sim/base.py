@@ -143,7 +143,13 @@ def _per_slot_info(infos: Mapping[str, Any], key: str, n: int) -> np.ndarray | N
 
 def _info_success(info: Mapping[str, Any]) -> bool:
     """One env's ``info`` says the episode succeeded."""
-    return any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None)
+    if not info:  # the usual case on the per-step path: nothing to look up
+        return False
+    for key in SUCCESS_KEYS:
+        value = info.get(key)
+        if value is not None and bool(value):
+            return True
+    return False
 
 
 def success_from_infos(infos: Mapping[str, Any], n: int) -> np.ndarray:
@@ -299,22 +305,29 @@ class GymSim(VectorSim):
         if not self.supports_slot_step:
             raise NotImplementedError("only a SyncVectorEnv with autoreset disabled steps a subset of slots")
         n = self.width
-        rewards, terminated, truncated = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
-        success, score = np.zeros(n, bool), None
+        # Python lists while stepping, one array each at the end: a numpy item write per env and
+        # field costs more than the list's
+        rewards, terminated, truncated, success = [0.0] * n, [False] * n, [False] * n, [False] * n
+        score = None
         envs, rows = self.env.envs, np.flatnonzero(mask).tolist()
         if self._threads is not None:
             outs = self._threads.map(lambda i: envs[i].step(actions[i]), rows)
         else:
-            outs = (envs[i].step(actions[i]) for i in rows)
-        for i, out in zip(rows, outs):
-            obs, rewards[i], terminated[i], truncated[i], info = out
-            self._write_row(i, obs)
-            success[i] = _info_success(info)
-            if info.get("score") is not None:
-                if score is None:
-                    score = np.full(n, np.nan)
-                score[i] = float(info["score"])
-        return StepBatch(rewards, terminated, truncated, success, score)
+            outs = [envs[i].step(actions[i]) for i in rows]
+        bare = self._obs[self._bare_key] if self._bare_key is not None else None
+        for i, (obs, reward, term, trunc, info) in zip(rows, outs):
+            rewards[i], terminated[i], truncated[i] = float(reward), bool(term), bool(trunc)
+            if bare is not None:
+                bare[i] = obs
+            else:
+                self._write_row(i, obs)
+            if info:
+                success[i] = _info_success(info)
+                if info.get("score") is not None:
+                    if score is None:
+                        score = np.full(n, np.nan)
+                    score[i] = float(info["score"])
+        return StepBatch(np.array(rewards), np.array(terminated), np.array(truncated), np.array(success), score)
 
     def step(self, actions: np.ndarray) -> StepBatch:
         if self._threads is not None:

@@ -448,11 +448,14 @@ class BridgeEngine:
     def ready_to_step(self, now: float = math.inf) -> bool:
         """Whether to step at ``now``: every live slot has sent its action (and one slot is live), or,
         in ready mode, the window of the first pending action has closed (default ``now``: it has)."""
+        live, ready = SlotState.LIVE, self._ready  # (locals: this runs once per action received)
         any_live, all_in, first = False, True, math.inf
         for s in self.slots:
-            if s.state is SlotState.LIVE:
+            if s.state is live:
                 any_live = True
                 if s.pending_action is None:
+                    if not ready:
+                        return False  # lockstep: one missing action is enough to wait
                     all_in = False
                 elif s.acted_at < first:
                     first = s.acted_at
@@ -460,7 +463,7 @@ class BridgeEngine:
             return False
         if all_in:
             return True
-        return self._ready and first != math.inf and now >= first + self.tick_window
+        return first != math.inf and now >= first + self.tick_window
 
     def tick_due(self) -> float | None:
         """Ready mode: when the window of the first pending action closes (None when nothing waits)."""
@@ -506,9 +509,10 @@ class BridgeEngine:
                     now: float, pack: Callable[..., Any] | None = None) -> list[tuple[int, Any]]:
         """Tally a step's ``batch`` (a :class:`StepBatch`) and ``obs`` (``{feature: [N, ...]}``).
 
-        Returns ``(slot index, observation frame)`` for every slot that acted; ``pack`` (e.g.
-        :func:`pytest_hud.wire.pack_frame`) turns each frame's parts into what is returned instead. A slot released while
-        the step ran (its token changed) is left alone: its next episode must not inherit the step.
+        Returns ``(slot index, observation frame)`` for every slot that acted. ``pack(obs)`` (e.g.
+        :func:`pytest_hud.wire.rows_packer`) returns ``f(i, reward, done, truncated, success)``, which
+        turns slot ``i``'s frame into what is returned instead of the frame's dict. A slot released
+        while the step ran (its token changed) is left alone: its next episode must not inherit the step.
         """
         slots = self.slots
         for i in plan.park:
@@ -529,6 +533,7 @@ class BridgeEngine:
         ended_l, terminated, truncated_l = ended.tolist(), np.asarray(batch.terminated).tolist(), \
             np.asarray(batch.truncated).tolist()
         deadline = now + self.timeouts.step
+        frame = (pack or _rows)(obs)
         frames = []
         for s, token, action in plan.acting:
             if s.token != token:
@@ -548,8 +553,7 @@ class BridgeEngine:
                 s.state, s.deadline = SlotState.DONE, None
             elif s.state is SlotState.LIVE:
                 s.deadline, s.awaiting = deadline, "action"
-            frames.append((i, (pack or _frame)({k: v[i] for k, v in obs.items()}, reward, done, truncated,
-                                                s.success)))
+            frames.append((i, frame(i, reward, done, truncated, s.success)))
         return frames
 
     def step_failed(self, plan: TickPlan, traceback: str) -> list[tuple[int, SimFailed]]:
@@ -583,6 +587,11 @@ class BridgeEngine:
     def _mark_broken(self, traceback: str) -> None:
         if not self.broken:
             self.broken = traceback.strip()
+
+
+def _rows(obs: dict[str, np.ndarray]) -> Callable[[int, float, bool, bool, bool], dict[str, Any]]:
+    """Slot ``i``'s observation frame of a step's ``obs``, as a dict."""
+    return lambda i, *outcome: _frame({k: v[i] for k, v in obs.items()}, *outcome)
 
 
 def _frame(obs: dict[str, Any], reward: float, done: bool, truncated: bool, success: bool) -> dict[str, Any]:

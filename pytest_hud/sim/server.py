@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..rpc import RpcError, RpcServer
-from ..wire import MAX_FRAME_BYTES, WireError, pack_frame, packb, unpack_action, unpackb
+from ..wire import MAX_FRAME_BYTES, WireError, packb, rows_packer, unpack_action, unpackb
 from .base import VectorSim, sim_stats, stepping_hint
 from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
 from .failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
@@ -426,11 +426,13 @@ class BridgeServer:
 
     def _arm_window(self) -> None:
         """Ready mode: wake up when the first pending action's tick window closes."""
-        due = self.engine.tick_due()
-        if due is None or (self._window is not None and self._window[0] <= due):
-            return
         if self._window is not None:
-            self._window[1].cancel()
+            # already armed, for an action that came before any still pending (or one a tick has
+            # taken since: it wakes up early, looks, and arms the next window)
+            return
+        due = self.engine.tick_due()
+        if due is None:
+            return
         delay = max(0.0, due - time.monotonic())
         self._window = (due, asyncio.get_running_loop().call_later(delay, self._window_closed))
 
@@ -484,7 +486,7 @@ class BridgeServer:
             batch, obs = result
             # packed before the gate opens: ``obs`` may be the sim's own buffers, which its next call reuses
             sockets = self._sockets
-            for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic(), pack_frame):
+            for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic(), rows_packer):
                 conn = sockets.get(i)
                 if conn is not None:
                     conn.send(frame)
