@@ -39,6 +39,12 @@ SECRET_ENV = "PYTEST_HUD_SECRET"
 PoolError = LaunchError  # a bridge could not be started (the message carries the tail of its log)
 
 
+def _label(key: tuple[str, str, int]) -> str:
+    """A bridge as the summary names it: its target, and its build arguments when it has any
+    (two bridges of one target differ there)."""
+    return f"bridge for {key[0]}" + (f" {key[1]}" if key[1] != "{}" else "")
+
+
 @dataclass
 class BridgeSpec:
     """How the pool starts bridges (shared by every bridge of a run)."""
@@ -297,7 +303,7 @@ class SimPool:
         for field_ in ("vectorization_note", "vectorization_auto"):
             note = service.announce.get(field_)
             if note:
-                self.notes[f"bridge for {target}: --hud-vectorization={note}"] = None
+                self.notes[f"{_label(key)}: --hud-vectorization={note}"] = None
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
         return _Bridge(key, service, address, service.log, time.monotonic())
 
@@ -335,8 +341,7 @@ class SimPool:
             except (BridgeError, OSError):
                 return  # a bridge that cannot answer now has nothing to add
             if hint:
-                build = f" {bridge.key[1]}" if bridge.key[1] != "{}" else ""  # two bridges of one target differ here
-                hints[i] = f"bridge for {bridge.key[0]}{build}: {hint}"
+                hints[i] = f"{_label(bridge.key)}: {hint}"
 
         threads = [threading.Thread(target=ask, args=(i, b), daemon=True, name="hud-stats")
                    for i, b in enumerate(bridges)]

@@ -126,9 +126,10 @@ class _TaskEnv(gym.Env):
     observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
     action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
 
-    def __init__(self, task: str):
+    def __init__(self, task: str, delay: float = 0.0):
         self.index = self.TASKS.index(task)
         self.draw = self.t = 0.0
+        self.delay = delay
 
     def _obs(self):
         return np.array([self.index, self.draw, self.t], np.float32)
@@ -139,16 +140,23 @@ class _TaskEnv(gym.Env):
         return self._obs(), {}
 
     def step(self, action):
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
         self.t += 1
         done = self.t >= 3 + self.index
         return self._obs(), float(action[0]), done, False, {"is_success": done and self.index > 0}
 
 
-def multitask(num_envs: int, cache_size: int = 4):
-    """A multi-task sim (``pytest_hud.sim.MultiTaskSim``) over the tasks left, right and up."""
+def multitask(num_envs: int, cache_size: int = 4, delay: float = 0.0):
+    """A multi-task sim (``pytest_hud.sim.MultiTaskSim``) over the tasks left, right and up; each
+    step takes ``delay`` seconds more."""
+    from functools import partial
+
     from pytest_hud.sim import MultiTaskSim
 
-    return MultiTaskSim(num_envs, _TaskEnv.TASKS, _TaskEnv, cache_size=cache_size)
+    return MultiTaskSim(num_envs, _TaskEnv.TASKS, partial(_TaskEnv, delay=delay), cache_size=cache_size)
 
 
 class _ThreadWitness(gym.Wrapper):

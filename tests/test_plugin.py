@@ -327,6 +327,9 @@ def test_slow(shared_sim, robot_agent, seed):
     built = run(project, *args)
     built.assert_outcomes(passed=4)
     built.stdout.fnmatch_lines(['note: bridge for slow:slow {"delay": 0.002}: its 2 envs stepped one after another*'])
+    built = run(project, *args[:-1])
+    built.assert_outcomes(passed=4)
+    built.stdout.fnmatch_lines(['note: bridge for slow:slow {"delay": 0.002}: --hud-vectorization=auto chose processes*'])
 
 
 def test_the_tutorials_layout_runs_its_sim_and_policy_modules_from_the_eval_folder(pytester):

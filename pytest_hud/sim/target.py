@@ -116,7 +116,9 @@ def load_sim(
 
     kwargs = dict(build_args or {})
     asked = vectorization
-    if vectorization == "auto":  # settled below, for a factory of single envs; any other runs as it is
+    # auto is settled below for a factory of single envs; a sim the factory vectorizes runs as it is
+    # (timing a multi-task sim's slot and splitting it measured slower for a whole suite: see README)
+    if vectorization == "auto":
         vectorization = "sync"
     factory = resolve_factory(target)
     if factory is None:
@@ -155,8 +157,13 @@ def load_sim(
             "a gymnasium VectorEnv or a pytest_hud.sim.VectorSim"
         )
     if asked == "auto":
-        probe, vectorization, why = _auto_vectorization(probe, make_one, width)
-        if vectorization == "processes":
+        try:
+            why = _auto_processes(width, lambda: _env_step_seconds(probe))
+        except Exception:  # noqa: BLE001 - an env that refuses random actions: a fresh one, on sync
+            probe.close()
+            probe, why = make_one(), None
+        if why is not None:
+            probe.close()  # each process builds its own envs
             sim = _in_processes(target, width, kwargs, control_rate)
             sim.auto_choice = why
             return sim
@@ -194,48 +201,41 @@ def load_sim(
 AUTO_PROCESSES_STEP_S = 1e-3
 
 
-def _auto_vectorization(env: Any, make_one: Callable[[], Any], width: int) -> tuple[Any, str, str | None]:
-    """``--hud-vectorization=auto`` for a factory of single envs: ``processes`` when an env's step
-    costs :data:`AUTO_PROCESSES_STEP_S` or more and the bridge has several slots and cores, else
-    ``sync``. Returns the env to keep as slot 0's (None when it was closed), the choice, and why.
+def _auto_processes(width: int, step_seconds: Callable[[], float]) -> str | None:
+    """``--hud-vectorization=auto`` for a sim whose slots are independent envs: why they go to
+    ``processes`` (an env's step, timed by ``step_seconds``, costs :data:`AUTO_PROCESSES_STEP_S` or
+    more, and the bridge has several slots and cores), or None to keep them in this process.
 
-    ``env`` (the loader's first env) is timed over a few steps of seeded random actions, the first
-    step not counted (it may set up a renderer); every episode resets its env with its own seed
-    before it starts, so these steps leave no trace in any episode. An env that refuses random
-    actions is replaced by a fresh one and the bridge stays on ``sync``.
+    The timing steps the factory's first env with a few seeded random actions, the first step not
+    counted (it may set up a renderer). Every episode resets its env with its own seed before it
+    starts, so these steps leave no trace in any episode. What the timing raises is the caller's to
+    handle (it keeps the bridge on ``sync``, with a fresh env).
     """
     from .threads import default_threads
 
     cores = default_threads(width)
     if cores < 2:
-        return env, "sync", None
-    try:
-        per_step = _env_step_seconds(env)
-    except Exception:  # noqa: BLE001 - the env's own trouble shows when an episode steps it
-        env.close()
-        return make_one(), "sync", None
+        return None
+    per_step = step_seconds()
     if per_step < AUTO_PROCESSES_STEP_S:
-        return env, "sync", None
-    env.close()  # each process builds its own envs
-    return None, "processes", (f"auto chose processes: {per_step * 1e3:.1f} ms per env-step, so the "
-                               f"{width} envs step on {cores} cores (--hud-vectorization=sync keeps them "
-                               "in the bridge's process)")
+        return None
+    return (f"auto chose processes: {per_step * 1e3:.1f} ms per env-step, so the {width} envs step on "
+            f"{cores} cores (--hud-vectorization=sync keeps them in the bridge's process)")
 
 
-def _env_step_seconds(env: Any, budget_s: float = 0.25, steps: int = 8) -> float:
-    """The median wall time of one ``env.step`` over up to ``steps`` steps (or ``budget_s``)."""
-    import copy
+def _median_step_seconds(reset: Callable[[int], None], step: Callable[[], bool],
+                         budget_s: float = 0.25, steps: int = 8) -> float:
+    """The median wall time of ``step()`` (which returns whether the episode ended) over up to
+    ``steps`` steps after a first one that is not counted, or until ``budget_s`` has passed."""
     import statistics
     import time
 
-    space = copy.deepcopy(env.action_space)  # the env's own space keeps its random state
-    space.seed(0)
-    env.reset(seed=0)
+    reset(0)
     times: list[float] = []
     end = None
     for i in range(steps + 1):
         t0 = time.perf_counter()
-        _, _, terminated, truncated, _ = env.step(space.sample())
+        ended = step()
         t1 = time.perf_counter()
         if end is None:
             end = t1 + budget_s  # the first step is not counted
@@ -243,9 +243,23 @@ def _env_step_seconds(env: Any, budget_s: float = 0.25, steps: int = 8) -> float
             times.append(t1 - t0)
             if t1 > end:
                 break
-        if terminated or truncated:
-            env.reset(seed=i + 1)
+        if ended:
+            reset(i + 1)
     return statistics.median(times)
+
+
+def _env_step_seconds(env: Any) -> float:
+    """One env's step time, with seeded random actions (from a copy of its action space)."""
+    import copy
+
+    space = copy.deepcopy(env.action_space)  # the env's own space keeps its random state
+    space.seed(0)
+
+    def step() -> bool:
+        _, _, terminated, truncated, _ = env.step(space.sample())
+        return bool(terminated or truncated)
+
+    return _median_step_seconds(lambda seed: env.reset(seed=seed), step)
 
 
 def _in_processes(target: str, width: int, kwargs: Mapping[str, Any], control_rate: float | None) -> VectorSim:
