@@ -265,3 +265,24 @@ class _ZeroOnly(gym.Wrapper):
 def zero_only():
     """Pendulum-v1 that refuses any action but zero (what ``auto``'s timing steps must survive)."""
     return _ZeroOnly(gym.make("Pendulum-v1"))
+
+
+class _DictAction(gym.Env):
+    """A slow env with an action space the contract does not support."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = spaces.Dict({"arm": spaces.Box(-1.0, 1.0, (3,), np.float32), "grip": spaces.Discrete(2)})
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        import time
+
+        time.sleep(0.003)
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def slow_dict_action():
+    return _DictAction()

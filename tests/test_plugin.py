@@ -302,8 +302,7 @@ def test_slow(shared_sim, robot_agent, seed):
     auto = run(project, *args)  # the default, auto: 3 ms per env-step, so processes
     auto.assert_outcomes(passed=4)
     auto.stdout.fnmatch_lines(["note: bridge for slow:slow: --hud-vectorization=auto chose processes: * ms per "
-                               "env-step, so the 2 envs step on 2 cores (--hud-vectorization=sync keeps them in "
-                               "the bridge's process)"])
+                               "env-step, so the 2 envs step on 2 cores (sync keeps them in the bridge's process)"])
     assert "one after another" not in auto.stdout.str()
     args += ("--hud-vectorization=sync",)
     sync = run(project, *args)

@@ -308,15 +308,32 @@ def test_auto_timing_steps_leave_no_trace_in_the_episodes():
 def test_auto_keeps_an_env_that_refuses_random_actions_in_sync_with_a_fresh_env():
     import sys
 
+    from pytest_hud.sim.threads import default_threads
+
     sim = load_sim(f"{SIMKIT}:zero_only", 2, "auto")
     try:
-        assert isinstance(sim, GymSim) and sim.auto_choice is None
+        assert isinstance(sim, GymSim)
+        if default_threads(2) >= 2:  # said in the summary: auto did not decide on the env's cost
+            assert sim.auto_choice == (
+                "auto could not time the env (ValueError: this env takes zero actions only), so its envs step "
+                "one after another in the bridge's process (processes spreads them over the cores)")
         kit = sys.modules[f"_hud_sim_{abs(hash(str(SIMKIT.resolve())))}"]  # the module the loader ran
         assert kit._ZeroOnly.built == 3  # the timed env was replaced by a fresh one
         sim.reset_slots([0, 1], [1, 2], [None, None])
         sim.step(np.zeros((2, 1), np.float32))
     finally:
         sim.close()
+
+
+def test_auto_refuses_an_unsupported_space_as_readably_as_sync():
+    from pytest_hud.contract import ContractError
+
+    messages = []
+    for asked in ("sync", "auto"):  # auto would choose processes (3 ms a step): refused before, here
+        with pytest.raises(ContractError) as raised:
+            load_sim(f"{SIMKIT}:slow_dict_action", 2, asked)
+        messages.append(str(raised.value))
+    assert messages[0] == messages[1] and "is not supported; use Box, Discrete" in messages[0]
 
 
 # ----------------------------------------------------------- --hud-vectorization=processes

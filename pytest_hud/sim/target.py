@@ -156,13 +156,21 @@ def load_sim(
             f"sim target {target!r} returned {type(probe).__name__}; expected a gymnasium Env, "
             "a gymnasium VectorEnv or a pytest_hud.sim.VectorSim"
         )
+    auto_note = None
     if asked == "auto":
         try:
             why = _auto_processes(width, lambda: _env_step_seconds(probe))
-        except Exception:  # noqa: BLE001 - an env that refuses random actions: a fresh one, on sync
+        except Exception as exc:  # noqa: BLE001 - e.g. an env that refuses random actions: a fresh one, on sync
             probe.close()
             probe, why = make_one(), None
+            auto_note = (f"auto could not time the env ({type(exc).__name__}: {exc}), so its envs step one "
+                         "after another in the bridge's process (processes spreads them over the cores)")
         if why is not None:
+            # what sync would refuse (an unsupported space) is refused here, as readably, not in a block process
+            from ..contract import derive_contract
+
+            derive_contract(probe.observation_space, probe.action_space, probe.reset(seed=0)[0],
+                            getattr(probe, "metadata", None), control_rate)
             probe.close()  # each process builds its own envs
             sim = _in_processes(target, width, kwargs, control_rate)
             sim.auto_choice = why
@@ -174,6 +182,7 @@ def load_sim(
         makers = [lambda p=probe: p] + [make_one] * (width - 1)
         sim = GymSim(SyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED), control_rate)
         sim.splittable = width > 1
+        sim.auto_choice = auto_note
         return sim
     elif vectorization == "threads":
         from .threads import EnvThreads, default_threads
@@ -220,7 +229,7 @@ def _auto_processes(width: int, step_seconds: Callable[[], float]) -> str | None
     if per_step < AUTO_PROCESSES_STEP_S:
         return None
     return (f"auto chose processes: {per_step * 1e3:.1f} ms per env-step, so the {width} envs step on "
-            f"{cores} cores (--hud-vectorization=sync keeps them in the bridge's process)")
+            f"{cores} cores (sync keeps them in the bridge's process)")
 
 
 def _median_step_seconds(reset: Callable[[int], None], step: Callable[[], bool],
@@ -229,22 +238,25 @@ def _median_step_seconds(reset: Callable[[int], None], step: Callable[[], bool],
     ``steps`` steps after a first one that is not counted, or until ``budget_s`` has passed."""
     import statistics
     import time
+    import warnings
 
-    reset(0)
     times: list[float] = []
     end = None
-    for i in range(steps + 1):
-        t0 = time.perf_counter()
-        ended = step()
-        t1 = time.perf_counter()
-        if end is None:
-            end = t1 + budget_s  # the first step is not counted
-        else:
-            times.append(t1 - t0)
-            if t1 > end:
-                break
-        if ended:
-            reset(i + 1)
+    with warnings.catch_warnings():  # an env checker's warnings: said when the episodes step it
+        warnings.simplefilter("ignore")
+        reset(0)
+        for i in range(steps + 1):
+            t0 = time.perf_counter()
+            ended = step()
+            t1 = time.perf_counter()
+            if end is None:
+                end = t1 + budget_s  # the first step is not counted
+            else:
+                times.append(t1 - t0)
+                if t1 > end:
+                    break
+            if ended:
+                reset(i + 1)
     return statistics.median(times)
 
 
