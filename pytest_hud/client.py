@@ -324,7 +324,7 @@ class AsyncSlotClient:
                 ws = await connect(url, **options)
             except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
                 raise BridgeError(_unreachable(url, exc)) from None
-        self = cls(ws, recv_timeout, address.pid if sock is not None and isinstance(address, BridgeAddress) else None)
+        self = cls(ws, recv_timeout, address.pid if sock is not None else None)  # type: ignore[union-attr]  # a Unix name comes from a BridgeAddress
         try:
             self.metadata = read_frame(await self._recv(connect_timeout), "metadata")
             await self._send(claim_frame(token))

@@ -184,6 +184,12 @@ def _remember(cache: dict, key: Any, value: Any) -> Any:
     return value
 
 
+def _packed_key(key: str) -> bytes:
+    """A map key as msgpack writes it (cached)."""
+    packed = _KEYS.get(key)
+    return packed if packed is not None else _remember(_KEYS, key, msgpack.packb(key))
+
+
 def _array_pieces(arr: np.ndarray) -> tuple[bytes, bytes]:
     """What goes before and after an array's raw bytes (its length is part of the key)."""
     key = (arr.dtype.str, arr.shape)
@@ -222,10 +228,7 @@ def _pack_items(parts: list[Any], obj: dict) -> None:
     for key, value in obj.items():
         if type(key) is not str:
             raise _NotFlat
-        packed_key = _KEYS.get(key)
-        if packed_key is None:
-            packed_key = _remember(_KEYS, key, msgpack.packb(key))
-        append(packed_key)
+        append(_packed_key(key))
         kind = type(value)
         if kind is np.ndarray:
             if value.nbytes > _JOIN_LIMIT:
@@ -341,7 +344,7 @@ def rows_packer(batch: dict[str, Any]) -> Callable[[int, float, bool, bool, bool
             consts, before = [], _map_header(len(batch) + 4)
             for k, v in batch.items():
                 head, tail = _array_pieces(v[0] if len(v) else np.empty(v.shape[1:], v.dtype))
-                consts.append(before + (_KEYS.get(k) or msgpack.packb(k)) + head)
+                consts.append(before + _packed_key(k) + head)
                 before = tail
             known = _remember(_ROWS, layout, (consts, before + _REWARD_HEAD))
         consts, last = known
@@ -482,13 +485,13 @@ class FrameLayout:
             for key, value in frame.items():
                 if type(key) is not str:
                     return None
-                pieces.append(_KEYS.get(key) or msgpack.packb(key))
+                pieces.append(_packed_key(key))
                 kind = type(value)
                 if kind is np.ndarray:
                     if value.dtype.kind not in "biuf" or not value.flags.c_contiguous:
                         return None
                     head, tail = _array_pieces(value)
-                    pieces += [head, (_ARRAY, key, value.nbytes, value.dtype, value.shape), tail]
+                    pieces += [head, (_ARRAY, key, value.nbytes, value.dtype, (value.size, value.shape)), tail]
                 elif kind is bool:
                     pieces.append((_BOOL, key, 1, None, None))
                 elif value is None:
@@ -514,10 +517,7 @@ class FrameLayout:
                 at += len(piece)
             else:
                 kind, key, size, a, b = piece
-                if kind == _ARRAY:
-                    fields.append((kind, key, at, a, (size // a.itemsize, b)))
-                else:
-                    fields.append((kind, key, at, a, b))
+                fields.append((kind, key, at, a, b))
                 at += size
         layout = cls(at, checks, fields)
         return layout if layout.read(data) is not None else None

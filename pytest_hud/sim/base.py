@@ -143,13 +143,7 @@ def _per_slot_info(infos: Mapping[str, Any], key: str, n: int) -> np.ndarray | N
 
 def _info_success(info: Mapping[str, Any]) -> bool:
     """One env's ``info`` says the episode succeeded."""
-    if not info:  # the usual case on the per-step path: nothing to look up
-        return False
-    for key in SUCCESS_KEYS:
-        value = info.get(key)
-        if value is not None and bool(value):
-            return True
-    return False
+    return any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None)
 
 
 def success_from_infos(infos: Mapping[str, Any], n: int) -> np.ndarray:
@@ -314,14 +308,10 @@ class GymSim(VectorSim):
             outs = self._threads.map(lambda i: envs[i].step(actions[i]), rows)
         else:
             outs = [envs[i].step(actions[i]) for i in rows]
-        bare = self._obs[self._bare_key] if self._bare_key is not None else None
         for i, (obs, reward, term, trunc, info) in zip(rows, outs):
             rewards[i], terminated[i], truncated[i] = float(reward), bool(term), bool(trunc)
-            if bare is not None:
-                bare[i] = obs
-            else:
-                self._write_row(i, obs)
-            if info:
+            self._write_row(i, obs)
+            if info:  # most envs' info is empty on most steps: nothing to look up
                 success[i] = _info_success(info)
                 if info.get("score") is not None:
                     if score is None:

@@ -83,7 +83,7 @@ class BridgeServer:
                                 "contract": self.contract_dict})
         self._tick_task: asyncio.Task | None = None
         self._ticking = False
-        self._window: tuple[float, asyncio.TimerHandle] | None = None  # ready mode: (due, its timer)
+        self._window: asyncio.TimerHandle | None = None  # ready mode: the armed window's timer
         self._wave_task: asyncio.Task | None = None
         self.rpc = RpcServer(
             {
@@ -434,7 +434,7 @@ class BridgeServer:
         if due is None:
             return
         delay = max(0.0, due - time.monotonic())
-        self._window = (due, asyncio.get_running_loop().call_later(delay, self._window_closed))
+        self._window = asyncio.get_running_loop().call_later(delay, self._window_closed)
 
     def _window_closed(self) -> None:
         self._window = None
