@@ -121,6 +121,7 @@ class LocalLauncher:
         self._lock = threading.Lock()
         self._count = 0
         self._children: list[subprocess.Popen] = []
+        self._closed = False
 
     def describe(self) -> str:
         return "bridges spawned on demand"
@@ -143,12 +144,15 @@ class LocalLauncher:
                 "--parent-pid", str(os.getpid())]
         child_env = dict(os.environ)
         child_env.update(env)
-        with open(log, "wb") as log_fh:
+        # Started and listed under the lock: close() either stops this child or came first, and
+        # then nothing starts (a prestart's thread may get here after the run's end began).
+        with self._lock, open(log, "wb") as log_fh:
+            if self._closed:
+                raise LaunchError(f"{what} was not started: the run is shutting down")
             # A new session: Ctrl-C in the terminal reaches pytest, which then stops children in
             # order; the children's parent-death watch covers SIGKILL of pytest.
             process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
                                        cwd=self.cwd, env=child_env, start_new_session=True)
-        with self._lock:
             self._children.append(process)
         deadline = None if clock is not None else time.monotonic() + timeout
         while not announce.exists():
@@ -168,8 +172,9 @@ class LocalLauncher:
         return LocalService(process, data, log)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop every child at once (SIGTERM, then SIGKILL after ``timeout``)."""
+        """Stop every child at once (SIGTERM, then SIGKILL after ``timeout``); start none after."""
         with self._lock:
+            self._closed = True
             children = list(self._children)
         for process in children:
             if process.poll() is None:

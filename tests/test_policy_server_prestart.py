@@ -174,6 +174,17 @@ def test_a_prestarted_server_nobody_asks_for_is_stopped_with_the_run(spec):
     assert not pool_children()
 
 
+def test_a_prestart_the_run_ends_during_leaves_no_server_behind(spec):
+    # The prestart's thread may launch after the run's end began (or register its child just after
+    # the launcher listed what to stop): nothing may outlive stop_all either way.
+    for _ in range(5):
+        pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
+        assert pool.prestart_policy_server(spec, worker=0)
+        pool.stop_all(timeout=5)
+        time.sleep(0.3)  # the prestart's thread has finished by then
+        assert not pool_children()
+
+
 def test_a_prestarted_server_that_died_is_replaced_by_one_started_the_usual_way(spec):
     pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
     try:
