@@ -236,15 +236,17 @@ class SlotClient:
 
     def __init__(self, address: BridgeAddress | str, token: str | None, *,
                  connect_timeout: float = 30.0, recv_timeout: float = 360.0) -> None:
-        from .wsconn import BlockingWebSocket
+        from .wsconn import BlockingWebSocket, unix_connection
 
         url, unix = (address.ws_url, address.ws_unix) if isinstance(address, BridgeAddress) else (address, None)
         self.recv_timeout = recv_timeout
         self._read = ObservationReader()
+        # the bridge's Unix socket when it is on this host, else TCP: an error names the one dialled
+        sock = unix_connection(unix, connect_timeout) if unix else None
         try:
-            self._ws = BlockingWebSocket(url, MAX_FRAME_BYTES, connect_timeout, unix=unix)
+            self._ws = BlockingWebSocket(url, MAX_FRAME_BYTES, connect_timeout, sock=sock)
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
-            raise BridgeError(_unreachable(url, exc)) from None
+            raise BridgeError(_unreachable(unix if sock is not None else url, exc)) from None  # type: ignore[arg-type]
         # on the Unix socket, the bridge runs on this host: its pid says whether it has exited
         self._pid = address.pid if isinstance(address, BridgeAddress) and self._ws.unix else None
         try:

@@ -245,6 +245,27 @@ def test_slot_clients_on_the_bridges_host_take_its_unix_socket_and_see_the_same_
     assert asyncio.run(asyncio_run(dataclasses.replace(address, ws_unix="@pytest-hud-ws-0-gone"))) == (
         socket.AF_INET, runs[socket.AF_UNIX])
 
+    # A Unix socket that refuses the upgrade: the error names it, not the TCP address not dialled.
+    name = f"@pytest-hud-test-refuses-{threading.get_ident()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as refuser:
+        refuser.bind("\0" + name[1:])
+        refuser.listen(4)
+
+        def refuse() -> None:
+            for _ in range(2):
+                conn, _ = refuser.accept()
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+
+        threading.Thread(target=refuse, daemon=True).start()
+        refused = dataclasses.replace(address, ws_unix=name)
+        where = rf"cannot reach the bridge's slot WebSocket at {name}: .*503"
+        with pytest.raises(BridgeError, match=where):
+            SlotClient(refused, "token", connect_timeout=5)
+        with pytest.raises(BridgeError, match=where):
+            asyncio.run(AsyncSlotClient.connect(refused, "token", connect_timeout=5))
+
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix sockets and /proc are Linux's")
 def test_both_slot_clients_say_the_bridge_exited_when_it_dies_mid_episode(bridge):
