@@ -250,14 +250,24 @@ class HudController:
             writer = self._write()
             if writer is not None:
                 policies, sims = self.ledger.used()
-                writer.summary(self.tasks(), self.coverage(), dict(self.provenance, policies=policies, sims=sims),
-                               gate)
+                writer.summary(self.tasks(), self.coverage(),
+                               dict(self.provenance, policies=policies, sims=self._with_bridges(sims)), gate)
             if self.settings.html:
                 from .report.html import write_standalone_page
 
                 write_standalone_page(self.settings.html, self.tasks(), list(self.records.values()),
                                       verdicts=self.verdict_dicts(), coverage=self.coverage(),
                                       title="pytest-hud report")
+
+    def _with_bridges(self, sims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each sim with how its bridges ran it (what ``auto`` chose for vectorization and ticks)."""
+        bridges = self.pool.bridges()
+        for entry in sims:
+            ran = [{"group": b["group"], "vectorization": b["vectorization"], "tick": b["tick"]}
+                   for b in bridges if b["target"] == entry["sim"] and b["build"] == entry["build"]]
+            if ran:
+                entry["bridges"] = ran
+        return sims
 
     def _empty_shard(self) -> bool:
         """A ``--hud-shard`` run of a non-empty suite whose partition gave this shard no episode."""

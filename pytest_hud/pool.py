@@ -319,7 +319,8 @@ class SimPool:
             items = list(self._bridges.values()) + self._retired
         return [
             {"target": b.key[0], "build": json.loads(b.key[1]), "group": b.key[2], "pid": b.address.pid,
-             "alive": b.process.poll() is None, "log": str(b.log), "node": b.address.node, "host": b.address.host}
+             "alive": b.process.poll() is None, "log": str(b.log), "node": b.address.node, "host": b.address.host,
+             "vectorization": b.process.announce.get("vectorization"), "tick": b.process.announce.get("tick")}
             for b in items
         ]
 

@@ -299,14 +299,24 @@ def test_slow(shared_sim, robot_agent, seed):
     robot_agent.run(shared_sim.episode(seed=seed))
 """)
     args = ("-n", "2", "--hud-sim=slow:slow", "--hud-width=2", "--hud-tick=lockstep", "--hud-policy=policies:pendulum_zero")
-    auto = run(project, *args)  # the default, auto: 3 ms per env-step, so processes
+    auto = run(project, *args, "--hud-results=auto.jsonl")  # the default, auto: 3 ms per env-step, so processes
     auto.assert_outcomes(passed=4)
     auto.stdout.fnmatch_lines(["note: bridge for slow:slow: --hud-vectorization=auto chose processes: * ms per "
                                "env-step, so the 2 envs step on 2 cores (sync keeps them in the bridge's process)"])
     assert "one after another" not in auto.stdout.str()
+
+    def ran(results: str) -> tuple[str, list[dict]]:
+        """The options' vectorization, and how the results file's summary says each bridge ran."""
+        run_record, *_, summary = [json.loads(line) for line in (project.path / results).read_text().splitlines()]
+        (sim,) = summary["provenance"]["sims"]
+        return run_record["provenance"]["options"]["vectorization"], sim["bridges"]
+
+    # the results file keeps what auto chose, beside what was asked
+    assert ran("auto.jsonl") == ("auto", [{"group": 0, "vectorization": "processes", "tick": "lockstep"}])
     args += ("--hud-vectorization=sync",)
-    sync = run(project, *args)
+    sync = run(project, *args, "--hud-results=sync.jsonl")
     sync.assert_outcomes(passed=4)
+    assert ran("sync.jsonl") == ("sync", [{"group": 0, "vectorization": "sync", "tick": "lockstep"}])
     sync.stdout.fnmatch_lines(["note: bridge for slow:slow: its 2 envs stepped one after another in one process "
                                "(* ms per env-step, *% of the time it ran episodes); "
                                "--hud-vectorization=processes steps them on 2 cores, with the same episodes"])

@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         sim.close()
         return 2
     payload = {"control": server.control_port, "ws": server.ws_port, "pid": os.getpid(),
-               "width": args.width, "secret": secret, "host": args.host}
+               "width": args.width, "secret": secret, "host": args.host,
+               "vectorization": sim.vectorization, "tick": tick}  # as run: what auto chose
     if server.ws_unix:
         payload["ws_unix"] = server.ws_unix
     if sim.vectorization_note:

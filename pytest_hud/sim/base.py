@@ -84,6 +84,9 @@ class VectorSim:
     #: Set by the loader when ``--hud-vectorization=auto`` chose something other than ``sync``: what
     #: it chose and why (the bridge announces it; the pytest plugin shows it in its summary).
     auto_choice: str | None = None
+    #: Set by the loader: how it ran this sim's slots (``sync``, ``async``, ``threads``,
+    #: ``processes``, or ``native`` for a sim that vectorizes its envs itself); what ``auto`` chose.
+    vectorization: str | None = None
     #: Set by the loader when this sim's slots are independent envs stepped one after another in
     #: this process, which ``--hud-vectorization=processes`` would spread over the cores.
     splittable: bool = False

@@ -131,6 +131,7 @@ class BridgeServer:
             "build": self.engine.build_args,
             "wave": self.engine.wave,
             "tick": self.engine.tick,
+            "vectorization": self.sim.vectorization,
             "tasks": list(self.engine.tasks),
         }
 
@@ -154,6 +155,7 @@ class BridgeServer:
             "slots": engine.snapshot(),
             "wave": engine.wave,
             "tick": engine.tick,
+            "vectorization": self.sim.vectorization,
             "tasks": list(engine.tasks),
             "sim": sim_stats(self.sim),
             "step_s": self.step_s,

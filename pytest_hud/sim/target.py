@@ -110,7 +110,24 @@ def load_sim(
     build_args: Mapping[str, Any] | None = None,
     control_rate: float | None = None,
 ) -> VectorSim:
-    """Build the vectorized sim a bridge serves."""
+    """Build the vectorized sim a bridge serves; its ``vectorization`` says how its slots run."""
+    from .processes import ProcessSim
+
+    sim = _build_sim(target, width, vectorization, build_args, control_rate)
+    if isinstance(sim, ProcessSim):
+        sim.vectorization = "processes"
+    elif sim.vectorization is None:
+        sim.vectorization = "native"  # the factory vectorized its envs (or is a VectorSim)
+    return sim
+
+
+def _build_sim(
+    target: str,
+    width: int,
+    vectorization: str,
+    build_args: Mapping[str, Any] | None,
+    control_rate: float | None,
+) -> VectorSim:
     import gymnasium as gym
     from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
@@ -183,6 +200,7 @@ def load_sim(
         sim = GymSim(SyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED), control_rate)
         sim.splittable = width > 1
         sim.auto_choice = auto_note
+        sim.vectorization = "sync"
         return sim
     elif vectorization == "threads":
         from .threads import EnvThreads, default_threads
@@ -192,7 +210,9 @@ def load_sim(
         try:
             built = threads.map(lambda i: make_one(), range(width))
             env = SyncVectorEnv([lambda e=e: e for e in built], autoreset_mode=AutoresetMode.DISABLED)
-            return GymSim(env, control_rate, threads)
+            sim = GymSim(env, control_rate, threads)
+            sim.vectorization = "threads"
+            return sim
         except BaseException:
             threads.close()
             raise
@@ -202,7 +222,9 @@ def load_sim(
     else:
         raise TargetError(
             f"vectorization must be 'sync', 'async', 'threads' or 'processes', got {vectorization!r}")
-    return GymSim(env, control_rate)
+    sim = GymSim(env, control_rate)
+    sim.vectorization = "async"
+    return sim
 
 
 #: ``auto`` spreads a bridge's envs over processes when one env's step takes this long or longer:
