@@ -100,6 +100,10 @@ class Contract:
     def observation_features(self) -> dict[str, Feature]:
         return {k: f for k, f in self.features.items() if f.role == "observation"}
 
+    def observation_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Observation key -> (shape, feature type): what a policy checks its inputs against."""
+        return {k: (tuple(f.shape), f.type) for k, f in self.observation_features.items()}
+
     @property
     def cameras(self) -> list[str]:
         """Names of the image features, in contract order."""

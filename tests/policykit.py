@@ -73,6 +73,11 @@ def loop() -> LoopPolicy:
     return LoopPolicy()
 
 
+def slow() -> EchoPolicy:
+    """A model whose forward takes 0.2 s."""
+    return EchoPolicy(forward_s=0.2)
+
+
 # ------------------------------------------------------------------------------ the server
 def start_server(tmp_path: Path, policy: str, *extra: str, timeout: float = 60.0, env: dict | None = None):
     """Start ``python -m pytest_hud.agent.server`` and wait for its announce file; (process, announce)."""

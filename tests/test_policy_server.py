@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 KIT = Path(__file__).with_name("policykit.py")
 ECHO = f"{KIT}:echo"
 LOOP = f"{KIT}:loop"
+SLOW = f"{KIT}:slow"
 
 
 @pytest.fixture
@@ -96,15 +97,25 @@ def test_eight_concurrent_callers_each_get_their_own_rows_from_fewer_forwards(po
     assert counted["forwards"] == counted["batches"] <= callers * requests // 2
 
 
+def connected_caller(announce: dict, barrier: threading.Barrier, replies: dict, index: int, request):
+    """A caller that opens its connection, waits until every caller has, then sends ``request(policy)``
+    (a batch goes early once every open connection waits: callers still connecting would miss it)."""
+    def go():
+        with RemotePolicy(announce["url"], timeout=10) as policy:
+            policy.connect()
+            barrier.wait(30)
+            replies[index] = request(policy)
+    return go
+
+
 def test_max_batch_caps_a_batch_and_a_long_window_fills_it(policy_server):
     announce = policy_server(ECHO, "--batch-window-ms", "2000", "--max-batch", "4")
     replies = {}
+    barrier = threading.Barrier(8)
 
     def caller(index: int):
-        def go():
-            with RemotePolicy(announce["url"], timeout=10) as policy:
-                replies[index] = policy.predict({"state": state_of(index, 0)})
-        return go
+        return connected_caller(announce, barrier, replies, index,
+                                lambda policy: policy.predict({"state": state_of(index, 0)}))
 
     started = time.monotonic()
     assert run_threads([caller(i) for i in range(8)]) == []
@@ -114,15 +125,46 @@ def test_max_batch_caps_a_batch_and_a_long_window_fills_it(policy_server):
     assert stats(announce)["batch_sizes"] == {"4": 2}
 
 
+def test_a_batch_goes_once_every_open_connection_has_a_request_waiting(policy_server):
+    # A ten-minute window: only "nobody else can join" gets these replies within the clients' timeout.
+    announce = policy_server(ECHO, "--batch-window-ms", "600000")
+    replies = {}
+    barrier = threading.Barrier(3)
+
+    def caller(index: int):
+        return connected_caller(announce, barrier, replies, index,
+                                lambda policy: policy.predict({"state": state_of(index, 0)}))
+
+    assert run_threads([caller(i) for i in range(3)]) == []
+    for index, actions in replies.items():
+        np.testing.assert_array_equal(actions, expected_chunk(state_of(index, 0)))
+    assert stats(announce)["batch_sizes"] == {"3": 1}
+
+
+def test_a_slow_models_window_stretches_to_a_share_of_its_forward(policy_server):
+    # 2 ms is the floor; a 0.2 s forward stretches it to a tenth of that, up to 20 ms.
+    fast, slow = policy_server(ECHO), policy_server(SLOW)
+    fixed = policy_server(SLOW, "--batch-window-share", "0")
+    assert [stats(a)["batch_window_ms"] for a in (fast, slow, fixed)] == [2.0, 2.0, 2.0]  # no forward yet
+    for announce in (fast, slow, fixed):
+        with RemotePolicy(announce["url"], timeout=30) as policy:
+            policy.predict({"state": state_of(0, 0)})
+    assert stats(fast)["batch_window_ms"] == 2.0  # a tenth of a 5 ms forward is below the floor
+    assert 18.0 <= stats(slow)["batch_window_ms"] <= 20.0
+    assert stats(fixed)["batch_window_ms"] == 2.0
+    refused = subprocess.run([sys.executable, "-m", "pytest_hud.agent.server", "--policy", SLOW,
+                              "--batch-window-share", "1.5"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--batch-window-share between 0 and 1" in refused.stderr
+
+
 def test_a_policy_without_predict_batch_is_looped_over(policy_server):
     announce = policy_server(LOOP, "--batch-window-ms", "500", "--max-batch", "3")
     replies = {}
+    barrier = threading.Barrier(3)
 
     def caller(index: int):
-        def go():
-            with RemotePolicy(announce["url"], timeout=10) as policy:
-                replies[index] = policy.predict({"state": state_of(index, 0)}, prompt="ab")
-        return go
+        return connected_caller(announce, barrier, replies, index,
+                                lambda policy: policy.predict({"state": state_of(index, 0)}, prompt="ab"))
 
     assert run_threads([caller(i) for i in range(3)]) == []
     for index, actions in replies.items():
@@ -291,9 +333,13 @@ def test_a_request_that_makes_the_policy_raise_fails_only_its_caller(policy_serv
     replies: dict[int, list[np.ndarray]] = {}
     failures: dict[int, BaseException] = {}
 
+    barrier = threading.Barrier(8)
+
     def caller(index: int):
         def go():
             with RemotePolicy(announce["url"], timeout=10) as policy:
+                policy.connect()
+                barrier.wait(30)  # all connected first (see connected_caller)
                 state = state_of(index, 0)
                 if index == bad:
                     state[0] = -1.0
@@ -327,13 +373,12 @@ def test_a_request_that_makes_the_policy_raise_fails_only_its_caller(policy_serv
 def test_observations_of_different_shapes_never_share_a_forward(policy_server):
     announce = policy_server(ECHO, "--batch-window-ms", "3000", "--max-batch", "4")
     replies = {}
+    barrier = threading.Barrier(4)
 
     def caller(index: int):
-        def go():
-            with RemotePolicy(announce["url"], timeout=10) as policy:
-                state = np.arange(2 + index % 2, dtype=np.float32) + index  # lengths 2 and 3
-                replies[index] = (state, policy.predict({"state": state}))
-        return go
+        state = np.arange(2 + index % 2, dtype=np.float32) + index  # lengths 2 and 3
+        return connected_caller(announce, barrier, replies, index,
+                                lambda policy: (state, policy.predict({"state": state})))
 
     assert run_threads([caller(i) for i in range(4)]) == []
     for state, actions in replies.values():

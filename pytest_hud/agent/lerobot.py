@@ -85,15 +85,6 @@ def looks_like_lerobot_checkpoint(path: str | Path) -> bool:
     return isinstance(config, dict) and isinstance(config.get("type"), str)
 
 
-def preload_checkpoint_modules(path: str | Path) -> None:
-    """Import torch, LeRobot's policy factory and the class of the checkpoint's policy: most of a
-    load's time, done ahead of it by a policy server that waits for its contract."""
-    config = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))
-    from lerobot.policies.factory import get_policy_class  # imports torch and the processors
-
-    get_policy_class(config["type"])
-
-
 def lerobot_feature_name(key: str) -> str:
     """The LeRobot feature a contract observation key feeds.
 

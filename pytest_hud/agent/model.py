@@ -155,10 +155,9 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
             import torch
 
             torch.set_num_threads(int(threads))
-        shapes = {k: (tuple(f.shape), f.type) for k, f in contract.observation_features.items()}
         try:
             return LeRobotPolicy.from_checkpoint(
-                spec, shapes, device=options.get("device", "cpu"), n_action_steps=options.get("n_action_steps")
+                spec, contract.observation_shapes(), device=options.get("device", "cpu"), n_action_steps=options.get("n_action_steps")
             )
         except ImportError as exc:  # its message already names the fix
             raise PolicyError(str(exc)) from None

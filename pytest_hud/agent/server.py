@@ -8,10 +8,14 @@ policy's own ``metadata`` dict, if it has one, plus ``{"server": "pytest-hud/pol
 optionally with a ``"prompt"`` string, as openpi clients send) is answered with
 ``{"actions": float32 [T, A], "server_timing": {"infer_ms", "prev_total_ms", ...}}``.
 
-Requests from all connections are coalesced: the first waiting request opens a short window
-(``--batch-window-ms``, default 2) and everything that arrives within it, or until ``--max-batch``
-requests wait, goes to the model in one ``predict_batch(observations, prompts)`` call (a loop over
-``predict`` for models without one). The model runs on one worker thread, one batch at a time, and
+Requests from all connections are coalesced: the first waiting request opens a short window and
+everything that arrives within it goes to the model in one ``predict_batch(observations, prompts)``
+call (a loop over ``predict`` for models without one). The batch goes early when every open
+connection has a request waiting (nobody else can join) or ``--max-batch`` requests wait. The
+window is ``--batch-window-ms`` (default 2), or ``--batch-window-share`` (default 0.1) of a
+recent forward's time when that is longer, up to 20 ms: a request that joins saves a whole forward,
+so a slow model waits a little longer for requests sent a few milliseconds apart (clients on a busy
+machine) instead of running them in two forwards one after the other. The model runs on one worker thread, one batch at a time, and
 the next batch gathers while it runs. Each caller gets its own row. ``--threads N`` sets torch's
 intra-op threads (on a CPU shared with sims, one thread often beats torch's one per core).
 
@@ -84,6 +88,10 @@ __all__ = ["PROTOCOL", "PolicyServer", "RequestError", "is_loopback", "load_serv
 PROTOCOL = "pytest-hud/policy/1"
 PROMPT_KEY = "prompt"  # the key openpi clients put the task instruction under
 SECRET_ENV = "PYTEST_HUD_SECRET"  # the run secret the pool hands its children (the default key)
+#: The batch window as a share of a recent forward's time (when longer than --batch-window-ms), and
+#: its cap: waiting a tenth of a forward for a request that would otherwise need a forward of its own.
+DEFAULT_WINDOW_SHARE = 0.1
+MAX_WINDOW_S = 0.020
 
 
 def is_loopback(host: str) -> bool:
@@ -175,14 +183,21 @@ class PolicyServer:
         metadata: Mapping[str, Any] | None = None,
         name: str = "policy",
         api_key: str | None = None,
+        window_share: float = DEFAULT_WINDOW_SHARE,
+        max_window_s: float = MAX_WINDOW_S,
     ) -> None:
         if batch_window_s < 0:
             raise ValueError(f"batch window must be >= 0 seconds, got {batch_window_s}")
+        if not 0 <= window_share <= 1:
+            raise ValueError(f"batch window share must be between 0 and 1, got {window_share}")
         if max_batch < 0:
             raise ValueError(f"max batch must be >= 0 (0: no limit), got {max_batch}")
         self.model = model
         self.api_key = api_key or None
         self.batch_window_s = batch_window_s
+        self.window_share = window_share
+        self.max_window_s = max(max_window_s, batch_window_s)
+        self._forward_s: float | None = None  # a recent forward's time (moving average)
         self.max_batch = max_batch
         self.name = name
         policy_metadata = getattr(model, "metadata", None)
@@ -263,6 +278,7 @@ class PolicyServer:
         """The stats as builtin types (what ``GET /stats`` answers)."""
         stats = dict(self.stats)
         stats["batch_sizes"] = {str(k): v for k, v in sorted(self.stats["batch_sizes"].items())}
+        stats["batch_window_ms"] = self.window_s() * 1000.0  # what a batch waits now (see window_s)
         stats["uptime_s"] = round(time.monotonic() - self.started, 3)
         stats["pid"] = os.getpid()
         stats["policy"] = self.name
@@ -384,9 +400,11 @@ class PolicyServer:
                 arrived.clear()
                 await arrived.wait()
             # The oldest waiting request opens the window; requests that queued up while the
-            # previous batch ran are already past it and go at once.
-            deadline = waiting[0].enqueued + self.batch_window_s
-            while (not self.max_batch or len(waiting) < self.max_batch) and loop.time() < deadline:
+            # previous batch ran are already past it and go at once. A connection has at most one
+            # request waiting: once every open one has, nobody else can join.
+            deadline = waiting[0].enqueued + self.window_s()
+            while ((not self.max_batch or len(waiting) < self.max_batch)
+                   and len(waiting) < self.stats["connections"] and loop.time() < deadline):
                 arrived.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(arrived.wait(), deadline - loop.time())
@@ -402,6 +420,9 @@ class PolicyServer:
                 )
             except Exception as exc:  # noqa: BLE001 - never let the batcher die
                 outcome = _Outcome([exc] * len(live), 0, 0.0)
+            if outcome.forwards:
+                took = outcome.forward_s / outcome.forwards
+                self._forward_s = took if self._forward_s is None else 0.8 * self._forward_s + 0.2 * took
             self._count(len(live), outcome.forwards)
             for pending, row in zip(live, outcome.rows):
                 if pending.future.done():
@@ -419,6 +440,13 @@ class PolicyServer:
                             },
                         )
                     )
+
+    def window_s(self) -> float:
+        """How long the oldest waiting request waits for others: ``batch_window_s``, or
+        ``window_share`` of a recent forward when that is longer (up to ``max_window_s``)."""
+        if not self.window_share or self._forward_s is None:
+            return self.batch_window_s
+        return max(self.batch_window_s, min(self.window_share * self._forward_s, self.max_window_s))
 
     def _count(self, size: int, forwards: int) -> None:
         self.stats["batches"] += 1
@@ -502,22 +530,36 @@ def load_server_policy(spec: str, contract_path: str | None = None, device: str 
     return load_policy(spec, None, device=device)  # type: ignore[arg-type]
 
 
-def preload_policy_modules(spec: str) -> None:
-    """Import what loading ``spec`` will import (torch, LeRobot's policy factory and the checkpoint's
-    policy class; a factory's module), before its contract is known. Best effort: whatever fails here
-    fails again in the real load, which reports it."""
+def load_ahead(spec: str, device: str = "cpu") -> Any | None:
+    """What a server can do for ``spec`` before its contract is known.
+
+    A LeRobot checkpoint loads without one (the contract only checks the inputs, afterwards:
+    :func:`check_contract`), so it is loaded now and returned: torch, LeRobot and the weights are
+    most of a server's start. A factory may build its model from the contract, so only its module
+    is imported (None is returned). Raises what the load raises; the import is best effort (it
+    fails again in the real load, which reports it).
+    """
     from .model import policy_kind
 
-    with contextlib.suppress(Exception):
-        kind = policy_kind(spec)
-        if kind == "lerobot":
-            from .lerobot import preload_checkpoint_modules
+    kind = policy_kind(spec)
+    if kind == "lerobot":
+        return load_server_policy(spec, None, device)
+    if kind == "factory":
+        from ..sim.target import resolve_factory
 
-            preload_checkpoint_modules(spec)
-        elif kind == "factory":
-            from ..sim.target import resolve_factory
-
+        with contextlib.suppress(Exception):
             resolve_factory(spec)
+    return None
+
+
+def check_contract(model: Any, contract_path: str) -> None:
+    """Raise ``ValueError`` unless ``model`` (loaded ahead) can take the observations of the contract
+    at ``contract_path``, as loading it for that contract would have."""
+    from ..contract import Contract
+
+    check = getattr(model, "check_observation_features", None)
+    if check is not None:
+        check(Contract.load(contract_path).observation_shapes())
 
 
 def wait_for_contract(path: str, parent: int) -> bool:
@@ -548,7 +590,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                "written later) and load the policy for it (pytest-hud's pool starts its "
                                "servers this way while the sim boots)")
     p.add_argument("--batch-window-ms", type=float, default=2.0,
-                   help="How long the first waiting request waits for others to join its batch")
+                   help="How long the first waiting request waits for others to join its batch (at least)")
+    p.add_argument("--batch-window-share", type=float, default=DEFAULT_WINDOW_SHARE,
+                   help="Wait up to this share of a recent forward's time instead, when that is longer "
+                        f"(at most {MAX_WINDOW_S * 1000:g} ms; 0: always --batch-window-ms)")
     p.add_argument("--max-batch", type=int, default=0,
                    help="Run a batch as soon as this many requests wait (0: no limit)")
     p.add_argument("--announce", default=None, help="Write the announce JSON here (mode 0600) once serving")
@@ -570,6 +615,7 @@ async def _serve(args: argparse.Namespace, model: Any, parent: int) -> int:
     server = PolicyServer(
         model,
         batch_window_s=args.batch_window_ms / 1000.0,
+        window_share=args.batch_window_share,
         max_batch=args.max_batch,
         metadata={"policy": args.policy},
         name=args.policy,
@@ -622,9 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.lease is not None and not os.environ.get("PYTEST_HUD_SECRET"):
         print("pytest-hud policy server: --lease needs the run's secret in $PYTEST_HUD_SECRET", file=sys.stderr)
         return 2
-    if args.batch_window_ms < 0 or args.max_batch < 0 or args.threads < 0:
-        print("pytest-hud policy server: --batch-window-ms, --max-batch and --threads must be >= 0",
-              file=sys.stderr)
+    if args.batch_window_ms < 0 or args.max_batch < 0 or args.threads < 0 or not 0 <= args.batch_window_share <= 1:
+        print("pytest-hud policy server: --batch-window-ms, --max-batch and --threads must be >= 0, "
+              "--batch-window-share between 0 and 1", file=sys.stderr)
         return 2
     # The key: the flag, else the run secret a pytest-hud launcher passes (it beats a user's own key
     # that happens to be in the environment: the run's workers send the secret), else the user's.
@@ -637,13 +683,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local folder; never reach out
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    if args.contract_wait:
-        preload_policy_modules(args.policy)
-        if not wait_for_contract(args.contract_wait, parent):
-            return 0  # the run ended before any worker needed this server
-        args.contract = args.contract_wait
     try:
-        model = load_server_policy(args.policy, args.contract, args.device)
+        model = None
+        if args.contract_wait:
+            model = load_ahead(args.policy, args.device)  # while the sims boot
+            if not wait_for_contract(args.contract_wait, parent):
+                return 0  # the run ended before any worker needed this server
+            args.contract = args.contract_wait
+        if model is None:
+            model = load_server_policy(args.policy, args.contract, args.device)
+        elif args.contract:
+            check_contract(model, args.contract)
     except Exception as exc:  # noqa: BLE001 - any load failure is reported the same way
         print(f"pytest-hud policy server: cannot load policy {args.policy!r}: {type(exc).__name__}: {exc}",
               file=sys.stderr)

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -26,10 +31,12 @@ from conftest import stop
 from policykit import start_server
 from pytest_hud.agent.lerobot import LeRobotPolicy
 from pytest_hud.agent.remote import RemotePolicy
+from pytest_hud.contract import derive_contract
 
 pytestmark = pytest.mark.timeout(240)
 
-FINAL = Path(__file__).resolve().parents[2] / "evals" / "checkpoints" / "reach_act" / "final"
+REPO = Path(__file__).resolve().parents[2]
+FINAL = REPO / "evals" / "checkpoints" / "reach_act" / "final"
 
 
 def reach_states(count: int) -> list[np.ndarray]:
@@ -58,6 +65,7 @@ def test_the_server_batches_the_shipped_checkpoint_and_answers_as_lerobot_does(t
         def caller(index: int) -> None:
             try:
                 with RemotePolicy(announce["url"], timeout=60) as policy:
+                    policy.connect()  # all connected first: a batch goes once every open one waits
                     barrier.wait(30)
                     served[index] = policy.predict({"state": states[index]}, prompt="")
             except BaseException as exc:  # noqa: BLE001
@@ -85,3 +93,82 @@ def test_the_server_batches_the_shipped_checkpoint_and_answers_as_lerobot_does(t
         np.testing.assert_allclose(served[index], expected, rtol=1e-5, atol=1e-5)
     # Rows were not mixed up: different observations, different actions.
     assert not np.allclose(served[0], served[1])
+
+
+# --------------------------------------------------- a server the pool starts before the contract
+def waiting_server(tmp_path: Path, checkpoint: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """A server started as the pool prestarts one: ``--contract-wait`` on a file not written yet."""
+    announce, contract = tmp_path / "policy.json", tmp_path / "contract.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", str(checkpoint), "--port", "0",
+         "--contract-wait", str(contract), "--announce", str(announce)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_HUD_SECRET"},
+    )
+    return proc, announce, contract
+
+
+def reach_contract(state_size: int | None = None) -> dict:
+    """The reach sim's contract (its state resized to ``state_size`` numbers, if given)."""
+    env = make_reach()
+    obs, _ = env.reset(seed=0)
+    space = env.observation_space
+    if state_size is not None:
+        state = gym.spaces.Box(-np.inf, np.inf, (state_size,), np.float32)
+        space, obs = gym.spaces.Dict({"state": state}), {"state": np.zeros(state_size, np.float32)}
+    contract = derive_contract(space, env.action_space, obs).to_dict()
+    env.close()
+    return contract
+
+
+def test_a_waiting_server_loads_its_checkpoint_before_the_contract_comes(tmp_path):
+    # The load (torch, LeRobot, the weights) is most of a server's start: it overlaps the sims' boot.
+    # A checkpoint whose weights cannot load fails while no contract exists (it used to wait for one).
+    broken = tmp_path / "broken"
+    shutil.copytree(FINAL, broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    proc, announce, contract = waiting_server(tmp_path, broken)
+    try:
+        assert proc.wait(120) == 2
+        assert "cannot load policy" in proc.stderr.read()
+        assert not contract.exists() and not announce.exists()
+    finally:
+        stop(proc)
+
+
+def test_a_server_loaded_ahead_checks_the_contract_when_it_comes_and_serves_as_lerobot_does(tmp_path):
+    # A contract the checkpoint cannot take: the same refusal as a server given --contract at once.
+    (tmp_path / "wrong").mkdir()
+    proc, announce, contract = waiting_server(tmp_path / "wrong", FINAL)
+    try:
+        contract.write_text(json.dumps(reach_contract(state_size=5)))
+        assert proc.wait(120) == 2
+        refused = proc.stderr.read()
+    finally:
+        stop(proc)
+    direct = subprocess.run(
+        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", str(FINAL), "--port", "0",
+         "--contract", str(contract)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert direct.returncode == 2
+    assert "cannot load policy" in refused and "cannot feed observation.state" in refused
+    assert refused.strip().splitlines()[-1] == direct.stderr.strip().splitlines()[-1]
+
+    # The sim's own contract: announced once it comes, then answers as the checkpoint does.
+    (tmp_path / "right").mkdir()
+    proc, announce, contract = waiting_server(tmp_path / "right", FINAL)
+    try:
+        time.sleep(0.5)
+        assert not announce.exists()  # no contract yet: not serving
+        contract.write_text(json.dumps(reach_contract()))
+        deadline = time.monotonic() + 120
+        while not announce.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the server never announced"
+            time.sleep(0.02)
+        state = reach_states(1)[0]
+        with RemotePolicy(json.loads(announce.read_text())["url"], timeout=60) as policy:
+            served = policy.predict({"state": state})
+    finally:
+        stop(proc)
+    expected = LeRobotPolicy.from_checkpoint(FINAL).predict({"state": state})
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-5)
