@@ -138,6 +138,26 @@ class HudController:
                 }
             return count
 
+    def prestart_named_policy(self, collect_only: bool = False) -> None:
+        """With ``--hud-policy-server`` and a LeRobot checkpoint named by ``--hud-policy`` on the
+        command line (which beats markers and ini): start its servers now, one per replica, before
+        the workers even collect, so that the server's imports and load (seconds) overlap pytest's
+        start-up. A factory waits for the declarations, which bring the import paths its module
+        needs. Nothing starts for ``--collect-only``. A run whose tests turn out not to ask for the
+        server (none uses ``robot_agent``) leaves it idle until the run ends."""
+        spec = self.settings.policy_cli
+        if collect_only or not (self.settings.policy_server and spec):
+            return
+        from .agent.model import PolicyError, policy_kind
+
+        try:
+            if policy_kind(spec) != "lerobot":
+                return
+        except PolicyError:
+            return  # the test that uses it reports the bad spec
+        for worker in range(min(self.settings.policy_replicas, self.workers)):
+            self.pool.prestart_policy_server(spec, worker)  # worker i uses replica i mod replicas
+
     def prestart_policy_servers(self, specs: Iterable[str], worker: int = 0) -> None:
         """With ``--hud-policy-server``: start the servers of ``specs`` for ``worker``'s replica now,
         while the sims boot (:meth:`pytest_hud.pool.SimPool.prestart_policy_server`)."""

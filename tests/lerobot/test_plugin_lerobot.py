@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,44 @@ def test_other(shared_sim, robot_agent):
     result.assert_outcomes(errors=1)
     text = result.stdout.str()
     assert "observation.state" in text and "joints" in text
+
+
+SERVERS = '''
+import json
+
+import psutil
+
+
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput"):  # the controller: which policy servers it started, when
+        servers = [p for p in psutil.Process().children(recursive=True)
+                   if "pytest_hud.agent.server" in " ".join(p.cmdline())]
+        with open("servers.json", "w") as out:
+            json.dump([p.create_time() for p in servers], out)
+'''
+
+# Collecting this module takes 6 s: a server started on the workers' declarations starts after that.
+SLOW_TO_COLLECT = '''
+import time
+
+with open("importing.txt", "a") as out:
+    out.write(f"{time.time()}\\n")
+time.sleep(6)
+''' + SUITE
+
+
+def test_a_checkpoint_named_on_the_command_line_starts_its_server_before_the_workers_collect(project):
+    # --hud-policy beats markers: the controller knows the policy at once and starts its server
+    # while pytest starts, not once a worker has collected and declared (one server all the same).
+    project.makeconftest(SERVERS)
+    project.makepyfile(test_slow=SLOW_TO_COLLECT)
+    args = ("test_slow.py", "-n", "2", "--hud-policy-server", f"--hud-policy={FINAL}")
+    listed = project.runpytest_subprocess(*args, "--collect-only", timeout=240)
+    assert listed.ret == 0 and json.loads((project.path / "servers.json").read_text()) == []
+    (project.path / "importing.txt").unlink(missing_ok=True)
+    result = project.runpytest_subprocess(*args, timeout=240)
+    result.assert_outcomes(passed=6)
+    (started,) = json.loads((project.path / "servers.json").read_text())
+    importing = [float(t) for t in (project.path / "importing.txt").read_text().split()]
+    # (psutil's start times may be off by up to a second: boot time is whole seconds)
+    assert len(importing) == 2 and started < min(importing) + 3.0  # well before any worker could declare
