@@ -15,9 +15,10 @@ connection has a request waiting (nobody else can join) or ``--max-batch`` reque
 window is ``--batch-window-ms`` (default 2), or ``--batch-window-share`` (default 0.1) of a
 recent forward's time when that is longer, up to 20 ms: a request that joins saves a whole forward,
 so a slow model waits a little longer for requests sent a few milliseconds apart (clients on a busy
-machine) instead of running them in two forwards one after the other. The model runs on one worker thread, one batch at a time, and
-the next batch gathers while it runs. Each caller gets its own row. ``--threads N`` sets torch's
-intra-op threads (on a CPU shared with sims, one thread often beats torch's one per core).
+machine) instead of running them in two forwards one after the other. The model runs on one worker
+thread, one batch at a time, and the next batch gathers while it runs. Each caller gets its own
+row. ``--threads N`` sets torch's intra-op threads (on a CPU shared with sims, one thread often
+beats torch's one per core).
 
 A request that fails fails only its caller: it gets a text frame with the error (and the
 traceback, as openpi's server sends) and its connection closes. When a batched call raises, the
