@@ -25,19 +25,16 @@ Not a test: only side-by-side figures mean anything.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 from git_ref import extract_package
+from serving import policy_server_stats, start_policy_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,20 +55,6 @@ class SleepyPolicy:
 
 def make_policy() -> SleepyPolicy:
     return SleepyPolicy()
-
-
-def serve(package: Path, extra: list[str], env: dict[str, str], workdir: Path) -> tuple[subprocess.Popen, str]:
-    announce = workdir / f"server-{time.monotonic_ns()}.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", f"{Path(__file__).resolve()}:make_policy",
-         "--port", "0", "--announce", str(announce), *extra],
-        env=dict(env, PYTHONPATH=os.pathsep.join([str(package), str(ROOT / "benchmarks")])))
-    deadline = time.monotonic() + 120
-    while not announce.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the policy server did not start")
-        time.sleep(0.05)
-    return proc, json.loads(announce.read_text())["url"]
 
 
 def delays(seed: int, clients: int, rounds: int) -> np.ndarray:
@@ -108,7 +91,7 @@ def lockstep(url: str, clients: int, rounds: int, seed: int) -> tuple[float, flo
     for t in threads:
         t.start()
     tick.wait()
-    before = stats(url)["forwards"]
+    before = policy_server_stats(url)["forwards"]
     started = time.perf_counter()
     for _ in range(rounds):
         tick.wait()
@@ -118,12 +101,7 @@ def lockstep(url: str, clients: int, rounds: int, seed: int) -> tuple[float, flo
         t.join(60)
     if errors:
         raise SystemExit(f"a caller failed: {errors[0]!r}")
-    return elapsed / rounds, (stats(url)["forwards"] - before) / rounds
-
-
-def stats(url: str) -> dict:
-    with urllib.request.urlopen(url.replace("ws://", "http://") + "/stats", timeout=10) as response:
-        return json.loads(response.read())
+    return elapsed / rounds, (policy_server_stats(url)["forwards"] - before) / rounds
 
 
 def main() -> None:
@@ -143,7 +121,9 @@ def main() -> None:
             setups.append((f"before ({args.before})", extract_package(args.before, workdir / "before"), []))
         for repeat in range(args.repeat):
             for label, package, extra in setups:
-                proc, url = serve(package, extra, env, workdir)
+                path = os.pathsep.join([str(package), str(ROOT / "benchmarks")])
+                proc, url = start_policy_server(f"{Path(__file__).resolve()}:make_policy", extra,
+                                                dict(env, PYTHONPATH=path), workdir)
                 try:
                     # the same delays for every setup within a repeat
                     results.setdefault(label, []).append(lockstep(url, args.clients, args.rounds, seed=repeat))

@@ -36,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from serving import start_policy_server
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "evals" / "checkpoints" / "reach_act" / "final"
@@ -108,21 +109,8 @@ def uss_mib(pids: list[int]) -> float:
 
 
 def start_server(workdir: str, workers: int, threads: int) -> tuple[subprocess.Popen, str]:
-    announce = Path(workdir) / f"policy-server-{threads}.json"
-    log = Path(workdir) / f"policy-server-{threads}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_hud.agent.server", "--policy", str(CHECKPOINT), "--port", "0",
-             "--announce", str(announce), "--max-batch", str(workers), "--threads", str(threads)],
-            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=out, stderr=out,
-        )
-    deadline = time.monotonic() + 180
-    while not announce.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"the policy server did not start:\n{log.read_text()}")
-        time.sleep(0.05)
-    return proc, json.loads(announce.read_text())["url"]
+    return start_policy_server(str(CHECKPOINT), ["--max-batch", str(workers), "--threads", str(threads)],
+                               dict(os.environ, PYTHONPATH=str(ROOT)), Path(workdir), cwd=ROOT)
 
 
 def run(mode: str, where: str, workers: int, episodes: int, extra_pids: list[int], threads: int = 0) -> dict:

@@ -12,14 +12,11 @@ their ratio, and the server's mean batch size. Needs torch; meaningful on a GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_hud.agent.remote import RemotePolicy  # noqa: E402
+from serving import policy_server_stats, start_policy_server  # noqa: E402
 
 OBS_DIM, CHUNK, ACT_DIM = 64, 10, 7
 
@@ -65,19 +63,6 @@ def make_policy():
                      int(os.environ.get("BENCH_LAYERS", "6")))
 
 
-def serve(extra: list[str], env: dict[str, str], workdir: str) -> tuple[subprocess.Popen, str]:
-    announce = Path(workdir) / f"server-{time.monotonic_ns()}.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", f"{Path(__file__).resolve()}:make_policy",
-         "--port", "0", "--announce", str(announce), *extra], env=env)
-    deadline = time.monotonic() + 120
-    while not announce.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("policy server did not start")
-        time.sleep(0.05)
-    return proc, json.loads(announce.read_text())["url"]
-
-
 def hammer(url: str, clients: int, requests: int) -> float:
     def client(i: int) -> None:
         policy = RemotePolicy(url, timeout=120)
@@ -111,11 +96,11 @@ def main() -> None:
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     rates = {}
     with tempfile.TemporaryDirectory() as workdir:
-        for label, extra in (("batched (2 ms window)", []), ("one forward per request", ["--max-batch", "1"])):
-            proc, url = serve(extra, env, workdir)
+        for label, extra in (("batched (default window)", []), ("one forward per request", ["--max-batch", "1"])):
+            proc, url = start_policy_server(f"{Path(__file__).resolve()}:make_policy", extra, env, Path(workdir))
             try:
                 rates[label] = hammer(url, args.clients, args.requests)
-                stats = json.loads(urllib.request.urlopen(url.replace("ws://", "http://") + "/stats", timeout=10).read())
+                stats = policy_server_stats(url)
             finally:
                 proc.terminate()
                 proc.wait(30)

@@ -148,15 +148,11 @@ class HudController:
         spec = self.settings.policy_cli
         if collect_only or not (self.settings.policy_server and spec):
             return
-        from .agent.model import PolicyError, policy_kind
+        from .agent.lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
 
-        try:
-            if policy_kind(spec) != "lerobot":
-                return
-        except PolicyError:
-            return  # the test that uses it reports the bad spec
-        for worker in range(min(self.settings.policy_replicas, self.workers)):
-            self.pool.prestart_policy_server(spec, worker)  # worker i uses replica i mod replicas
+        if looks_like_lerobot_checkpoint(Path(spec).expanduser()):
+            for worker in range(min(self.settings.policy_replicas, self.workers)):
+                self.prestart_policy_servers([spec], worker)  # worker i uses replica i mod replicas
 
     def prestart_policy_servers(self, specs: Iterable[str], worker: int = 0) -> None:
         """With ``--hud-policy-server``: start the servers of ``specs`` for ``worker``'s replica now,

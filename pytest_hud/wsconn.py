@@ -45,11 +45,10 @@ _OPEN, _CLOSING, _CLOSED = range(3)
 
 
 class BlockingWebSocket:
-    """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP socket."""
+    """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP or Unix socket."""
 
     def __init__(self, url: str, max_size: int, open_timeout: float = 30.0,
-                 headers: Mapping[str, str] | None = None, unix: str | None = None,
-                 sock: socket.socket | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, sock: socket.socket | None = None) -> None:
         host, port, path = _parse_url(url)
         self._reader = FrameReader(max_size, masked=False)
         self._messages: deque[bytes | str] = deque()
@@ -58,9 +57,9 @@ class BlockingWebSocket:
         self._rcvd_first = False  # whether the server's close came before ours
         self._state = _OPEN
         deadline = time.monotonic() + open_timeout
-        # ``sock``: the Unix socket's connection, made by the caller (who then knows which it dialled)
-        self._sock = sock if sock is not None else unix_connection(unix, open_timeout) if unix else None
-        self.unix = self._sock is not None  # connected over the Unix socket (the server is on this host)
+        # ``sock``: a connection to the server's Unix socket (:func:`unix_connection`), else TCP
+        self._sock = sock
+        self.unix = sock is not None  # connected over the Unix socket (the server is on this host)
         if self._sock is None:
             self._sock = socket.create_connection((host, port), timeout=open_timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

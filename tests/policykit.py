@@ -7,6 +7,8 @@ numpy only: the server tests run in the core environment, without torch.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -88,3 +90,24 @@ def start_server(tmp_path: Path, policy: str, *extra: str, timeout: float = 60.0
     return proc, json.loads(announce.read_text())
 
 
+def serve_waiting(tmp_path: Path, spec: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+    """A server started as the pool prestarts one: ``--contract-wait`` on ``contract.json``, not written
+    yet; (process, its announce path, the contract path)."""
+    announce, contract = tmp_path / "policy.json", tmp_path / "contract.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
+         "--contract-wait", str(contract), "--announce", str(announce), *extra],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_HUD_SECRET"},
+    )
+    return proc, announce, contract
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
+    """The announce at ``path`` once it appears (the process must not exit first)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return json.loads(path.read_text())

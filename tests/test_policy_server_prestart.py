@@ -5,7 +5,6 @@ and hands it the contract later. Real server subprocesses, a real pool, a real p
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import psutil
 import pytest
 
 from conftest import stop
+from policykit import serve_waiting, wait_for
 from pytest_hud.agent.remote import RemotePolicy
 from pytest_hud.contract import derive_contract
 from pytest_hud.launcher import StaticLauncher
@@ -54,26 +54,6 @@ def contract_dict(actions: int) -> dict:
 def spec(tmp_path: Path) -> str:
     (tmp_path / "contracted.py").write_text(CONTRACTED)
     return f"{tmp_path / 'contracted.py'}:sized"
-
-
-def serve_waiting(tmp_path: Path, spec: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
-    announce, contract = tmp_path / "policy.json", tmp_path / "contract.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
-         "--contract-wait", str(contract), "--announce", str(announce), *extra],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if k != "PYTEST_HUD_SECRET"},
-    )
-    return proc, announce, contract
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
-    return json.loads(path.read_text())
 
 
 # ------------------------------------------------------------------------------ the server

@@ -554,13 +554,11 @@ def load_ahead(spec: str, device: str = "cpu") -> Any | None:
 
 
 def check_contract(model: Any, contract_path: str) -> None:
-    """Raise ``ValueError`` unless ``model`` (loaded ahead) can take the observations of the contract
-    at ``contract_path``, as loading it for that contract would have."""
+    """Raise ``ValueError`` unless ``model`` (a LeRobot checkpoint loaded ahead) can take the
+    observations of the contract at ``contract_path``, as loading it for that contract would have."""
     from ..contract import Contract
 
-    check = getattr(model, "check_observation_features", None)
-    if check is not None:
-        check(Contract.load(contract_path).observation_shapes())
+    model.check_observation_features(Contract.load(contract_path).observation_shapes())
 
 
 def wait_for_contract(path: str, parent: int) -> bool:

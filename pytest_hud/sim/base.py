@@ -84,9 +84,10 @@ class VectorSim:
     #: Set by the loader when ``--hud-vectorization=auto`` chose something other than ``sync``: what
     #: it chose and why (the bridge announces it; the pytest plugin shows it in its summary).
     auto_choice: str | None = None
-    #: Set by the loader: how it ran this sim's slots (``sync``, ``async``, ``threads``,
-    #: ``processes``, or ``native`` for a sim that vectorizes its envs itself); what ``auto`` chose.
-    vectorization: str | None = None
+    #: How this sim's slots run (the bridge announces it: what ``auto`` chose): ``native`` (it
+    #: vectorizes its envs itself), ``processes`` (:class:`~pytest_hud.sim.processes.ProcessSim`), or
+    #: what the loader set on the gymnasium envs it wrapped: ``sync``, ``async`` or ``threads``.
+    vectorization: str = "native"
     #: Set by the loader when this sim's slots are independent envs stepped one after another in
     #: this process, which ``--hud-vectorization=processes`` would spread over the cores.
     splittable: bool = False

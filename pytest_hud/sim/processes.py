@@ -132,6 +132,8 @@ class _Block:
 class ProcessSim(VectorSim):
     """``width`` slots in ``processes`` spawned processes, each a ``sync`` sim of a block of slots."""
 
+    vectorization = "processes"
+
     def __init__(self, target: str, width: int, build_args: Mapping[str, Any] | None = None,
                  control_rate: float | None = None, processes: int = 2) -> None:
         super().__init__(width)

@@ -111,23 +111,6 @@ def load_sim(
     control_rate: float | None = None,
 ) -> VectorSim:
     """Build the vectorized sim a bridge serves; its ``vectorization`` says how its slots run."""
-    from .processes import ProcessSim
-
-    sim = _build_sim(target, width, vectorization, build_args, control_rate)
-    if isinstance(sim, ProcessSim):
-        sim.vectorization = "processes"
-    elif sim.vectorization is None:
-        sim.vectorization = "native"  # the factory vectorized its envs (or is a VectorSim)
-    return sim
-
-
-def _build_sim(
-    target: str,
-    width: int,
-    vectorization: str,
-    build_args: Mapping[str, Any] | None,
-    control_rate: float | None,
-) -> VectorSim:
     import gymnasium as gym
     from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
@@ -176,7 +159,7 @@ def _build_sim(
     auto_note = None
     if asked == "auto":
         try:
-            why = _auto_processes(width, lambda: _env_step_seconds(probe))
+            why = _auto_processes(probe, width)
         except Exception as exc:  # noqa: BLE001 - e.g. an env that refuses random actions: a fresh one, on sync
             probe.close()
             probe, why = make_one(), None
@@ -232,10 +215,10 @@ def _build_sim(
 AUTO_PROCESSES_STEP_S = 1e-3
 
 
-def _auto_processes(width: int, step_seconds: Callable[[], float]) -> str | None:
-    """``--hud-vectorization=auto`` for a sim whose slots are independent envs: why they go to
-    ``processes`` (an env's step, timed by ``step_seconds``, costs :data:`AUTO_PROCESSES_STEP_S` or
-    more, and the bridge has several slots and cores), or None to keep them in this process.
+def _auto_processes(env: Any, width: int) -> str | None:
+    """``--hud-vectorization=auto`` for a factory of single envs: why they go to ``processes``
+    (``env``'s step costs :data:`AUTO_PROCESSES_STEP_S` or more, and the bridge has several slots
+    and cores), or None to keep them in this process.
 
     The timing steps the factory's first env with a few seeded random actions, the first step not
     counted (it may set up a renderer). Every episode resets its env with its own seed before it
@@ -247,29 +230,32 @@ def _auto_processes(width: int, step_seconds: Callable[[], float]) -> str | None
     cores = default_threads(width)
     if cores < 2:
         return None
-    per_step = step_seconds()
+    per_step = _env_step_seconds(env)
     if per_step < AUTO_PROCESSES_STEP_S:
         return None
     return (f"auto chose processes: {per_step * 1e3:.1f} ms per env-step, so the {width} envs step on "
             f"{cores} cores (sync keeps them in the bridge's process)")
 
 
-def _median_step_seconds(reset: Callable[[int], None], step: Callable[[], bool],
-                         budget_s: float = 0.25, steps: int = 8) -> float:
-    """The median wall time of ``step()`` (which returns whether the episode ended) over up to
-    ``steps`` steps after a first one that is not counted, or until ``budget_s`` has passed."""
+def _env_step_seconds(env: Any, budget_s: float = 0.25, steps: int = 8) -> float:
+    """The median wall time of one ``env.step`` with seeded random actions (from a copy of its
+    action space) over up to ``steps`` steps after a first one that is not counted, or until
+    ``budget_s`` has passed."""
+    import copy
     import statistics
     import time
     import warnings
 
+    space = copy.deepcopy(env.action_space)  # the env's own space keeps its random state
+    space.seed(0)
     times: list[float] = []
     end = None
     with warnings.catch_warnings():  # an env checker's warnings: said when the episodes step it
         warnings.simplefilter("ignore")
-        reset(0)
+        env.reset(seed=0)
         for i in range(steps + 1):
             t0 = time.perf_counter()
-            ended = step()
+            _, _, terminated, truncated, _ = env.step(space.sample())
             t1 = time.perf_counter()
             if end is None:
                 end = t1 + budget_s  # the first step is not counted
@@ -277,23 +263,9 @@ def _median_step_seconds(reset: Callable[[int], None], step: Callable[[], bool],
                 times.append(t1 - t0)
                 if t1 > end:
                     break
-            if ended:
-                reset(i + 1)
+            if terminated or truncated:
+                env.reset(seed=i + 1)
     return statistics.median(times)
-
-
-def _env_step_seconds(env: Any) -> float:
-    """One env's step time, with seeded random actions (from a copy of its action space)."""
-    import copy
-
-    space = copy.deepcopy(env.action_space)  # the env's own space keeps its random state
-    space.seed(0)
-
-    def step() -> bool:
-        _, _, terminated, truncated, _ = env.step(space.sample())
-        return bool(terminated or truncated)
-
-    return _median_step_seconds(lambda seed: env.reset(seed=seed), step)
 
 
 def _in_processes(target: str, width: int, kwargs: Mapping[str, Any], control_rate: float | None) -> VectorSim:

@@ -28,7 +28,7 @@ pytest.importorskip("lerobot.policies")
 
 from evals.sims.reach import expert_action, make_reach
 from conftest import stop
-from policykit import start_server
+from policykit import serve_waiting, start_server, wait_for
 from pytest_hud.agent.lerobot import LeRobotPolicy
 from pytest_hud.agent.remote import RemotePolicy
 from pytest_hud.contract import derive_contract
@@ -96,18 +96,6 @@ def test_the_server_batches_the_shipped_checkpoint_and_answers_as_lerobot_does(t
 
 
 # --------------------------------------------------- a server the pool starts before the contract
-def waiting_server(tmp_path: Path, checkpoint: Path) -> tuple[subprocess.Popen, Path, Path]:
-    """A server started as the pool prestarts one: ``--contract-wait`` on a file not written yet."""
-    announce, contract = tmp_path / "policy.json", tmp_path / "contract.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", str(checkpoint), "--port", "0",
-         "--contract-wait", str(contract), "--announce", str(announce)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if k != "PYTEST_HUD_SECRET"},
-    )
-    return proc, announce, contract
-
-
 def reach_contract(state_size: int | None = None) -> dict:
     """The reach sim's contract (its state resized to ``state_size`` numbers, if given)."""
     env = make_reach()
@@ -127,7 +115,7 @@ def test_a_waiting_server_loads_its_checkpoint_before_the_contract_comes(tmp_pat
     broken = tmp_path / "broken"
     shutil.copytree(FINAL, broken)
     (broken / "model.safetensors").write_bytes(b"not safetensors")
-    proc, announce, contract = waiting_server(tmp_path, broken)
+    proc, announce, contract = serve_waiting(tmp_path, str(broken))
     try:
         assert proc.wait(120) == 2
         assert "cannot load policy" in proc.stderr.read()
@@ -139,7 +127,7 @@ def test_a_waiting_server_loads_its_checkpoint_before_the_contract_comes(tmp_pat
 def test_a_server_loaded_ahead_checks_the_contract_when_it_comes_and_serves_as_lerobot_does(tmp_path):
     # A contract the checkpoint cannot take: the same refusal as a server given --contract at once.
     (tmp_path / "wrong").mkdir()
-    proc, announce, contract = waiting_server(tmp_path / "wrong", FINAL)
+    proc, announce, contract = serve_waiting(tmp_path / "wrong", str(FINAL))
     try:
         contract.write_text(json.dumps(reach_contract(state_size=5)))
         assert proc.wait(120) == 2
@@ -155,18 +143,14 @@ def test_a_server_loaded_ahead_checks_the_contract_when_it_comes_and_serves_as_l
 
     # The sim's own contract: announced once it comes, then answers as the checkpoint does.
     (tmp_path / "right").mkdir()
-    proc, announce, contract = waiting_server(tmp_path / "right", FINAL)
+    proc, announce, contract = serve_waiting(tmp_path / "right", str(FINAL))
     try:
         time.sleep(0.5)
         assert not announce.exists()  # no contract yet: not serving
         contract.write_text(json.dumps(reach_contract()))
-        deadline = time.monotonic() + 120
-        while not announce.exists():
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the server never announced"
-            time.sleep(0.02)
+        served = wait_for(announce, proc, timeout=120)
         state = reach_states(1)[0]
-        with RemotePolicy(json.loads(announce.read_text())["url"], timeout=60) as policy:
+        with RemotePolicy(served["url"], timeout=60) as policy:
             served = policy.predict({"state": state})
     finally:
         stop(proc)

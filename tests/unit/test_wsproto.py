@@ -22,7 +22,7 @@ from websockets.frames import Close, Frame, Opcode
 from websockets.sync.client import connect, unix_connect
 
 from pytest_hud.sim.wsserver import serve_ws
-from pytest_hud.wsconn import BlockingWebSocket
+from pytest_hud.wsconn import BlockingWebSocket, unix_connection
 from pytest_hud.wsproto import (
     OP_BINARY,
     OP_CLOSE,
@@ -243,7 +243,7 @@ def test_our_clients_reads_time_out_and_the_connection_stays_usable(echo_server)
 def test_on_the_servers_host_our_client_takes_its_unix_socket_and_falls_back_to_tcp(echo_server):
     url, handler = echo_server
     assert handler.unix.startswith("@pytest-hud-ws-")
-    ws = BlockingWebSocket(url, 1 << 20, unix=handler.unix)
+    ws = BlockingWebSocket(url, 1 << 20, sock=unix_connection(handler.unix, 5))
     assert ws._sock.family == socket.AF_UNIX
     assert ws.recv(5) == b"hello"
     for n in (3, 70_000, 300_000):  # one read and many
@@ -254,7 +254,7 @@ def test_on_the_servers_host_our_client_takes_its_unix_socket_and_falls_back_to_
     with unix_connect("\0" + handler.unix[1:], url, compression=None, ping_interval=None) as other:
         assert other.recv(5) == b"hello"
     # a name that is not on this host (another machine, or a bridge that is gone): TCP
-    ws = BlockingWebSocket(url, 1 << 20, unix="@pytest-hud-ws-0-not-here")
+    ws = BlockingWebSocket(url, 1 << 20, sock=unix_connection("@pytest-hud-ws-0-not-here", 5))
     assert ws._sock.family == socket.AF_INET
     assert ws.recv(5) == b"hello"
     ws.close()
