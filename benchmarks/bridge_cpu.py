@@ -245,6 +245,8 @@ def main() -> None:
                         help="Tick mode of pytest-hud bridges that have --tick (the others lockstep)")
     args = parser.parse_args()
     TICK[0], ENV[0] = args.tick, args.env
+    if os.sep in args.hud_python:  # a path like .venv-hud/bin/python: the bridge starts in a temporary cwd
+        args.hud_python = os.path.abspath(args.hud_python)
     if args.client:
         asyncio.run(_lean_client(json.loads(args.client)))
         return
