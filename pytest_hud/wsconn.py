@@ -177,11 +177,15 @@ class BlockingWebSocket:
             except OSError:
                 self._shut()
                 raise self._closed() from None
-            wait = timeout - (time.monotonic() - start)  # a message in several reads: what is left
             if not data:
                 self._shut()
                 continue
+            if self._state == _OPEN:
+                payload = self._reader.whole(data)  # one whole frame: no parser state to go through
+                if payload is not None:
+                    return payload
             self._frames(data)
+            wait = timeout - (time.monotonic() - start)  # a message in several reads: what is left
         return messages.popleft()
 
     def send(self, data: bytes) -> None:

@@ -160,6 +160,36 @@ class FrameReader:
             self._more.append(data)
             self._more_len += len(data)
 
+    def whole(self, data: bytes) -> bytes | None:
+        """The payload when nothing is buffered and ``data`` is exactly one final binary frame,
+        masked as this side expects, within ``max_size`` (a message read in one piece, as an
+        action or an observation usually is); else None, and ``data`` is for :meth:`feed`.
+        Nothing is buffered either way."""
+        if self._pos < len(self._buf) or self._more or self._parts:
+            return None
+        size = len(data)
+        if size < 2 or data[0] != 0x82:  # FIN and OP_BINARY, no reserved bits
+            return None
+        b1 = data[1]
+        if (b1 >= 0x80) is not self.masked:
+            return None
+        n = b1 & 0x7F
+        if n < 126:
+            head = 2
+        elif n == 126 and size >= 4:
+            n, head = _U16.unpack_from(data, 2)[0], 4
+        elif n == 127 and size >= 10:
+            n, head = _U64.unpack_from(data, 2)[0], 10
+        else:
+            return None
+        if self.masked:
+            head += 4
+        if size != head + n or n > self.max_size:
+            return None
+        if self.masked:
+            return _apply_mask(data[head:], data[head - 4:head])
+        return data[head:]
+
     def _have(self, n: int) -> bool:
         """Whether ``n`` bytes from ``_pos`` are in ``_buf`` (joining what was fed after, if enough)."""
         avail = len(self._buf) - self._pos

@@ -91,6 +91,11 @@ class WsConnection(asyncio.Protocol):
         if self.state == CLOSED or self._failed:
             return  # after a protocol error everything the peer sends is discarded
         reader = self._reader
+        if self.state == OPEN:
+            payload = reader.whole(data)  # one whole frame (an action, most often): no parser state
+            if payload is not None:
+                self.handler.ws_message(self, payload)
+                return
         reader.feed(data)
         try:
             while True:

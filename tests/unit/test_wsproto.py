@@ -59,6 +59,53 @@ def test_frames_round_trip_however_the_bytes_are_split(payload, mask, cuts):
     assert got == [(OP_BINARY, payload), (OP_PING, b"p")]
 
 
+@settings(max_examples=300, deadline=None)
+@given(payload=st.binary(max_size=70000), mask=st.booleans(), reader_masked=st.booleans(),
+       opcode=st.sampled_from([OP_BINARY, OP_TEXT, OP_PING]), fin=st.booleans(),
+       cut=st.integers(-3, 3), pending=st.booleans())
+def test_a_whole_frame_read_at_once_is_what_the_parser_reads(payload, mask, reader_masked, opcode, fin, cut,
+                                                              pending):
+    """``whole`` answers only for one complete final binary frame, masked as the side expects, with
+    nothing buffered before it, and then with the parser's payload; else None, leaving the reader
+    as it was (a frame cut short or followed by more bytes, a fragment, text, a control frame)."""
+    if opcode == OP_PING:
+        payload = payload[:125]
+    frame = encode_frame(opcode, payload, mask=mask)
+    if not fin:
+        frame = bytes((frame[0] & 0x7F,)) + frame[1:]
+    data = frame[:len(frame) + cut] if cut < 0 else frame + b"\x82\x00" * cut
+    reader = FrameReader(1 << 20, masked=reader_masked)
+    if pending:
+        reader.feed(encode_frame(OP_BINARY, b"first", mask=reader_masked)[:3])
+    got = reader.whole(data)
+    takes = (not pending and cut == 0 and opcode == OP_BINARY and fin and mask == reader_masked
+             and len(payload) <= 1 << 20)
+    assert (got is not None) == takes
+    if takes:
+        assert got == payload
+        assert reader.whole(encode_frame(OP_BINARY, b"next", mask=mask)) == b"next"  # nothing was kept
+    elif not pending and mask == reader_masked:
+        reader.feed(data)  # the parser still reads what whole() declined
+        messages = []
+        try:
+            while (message := reader.next()) is not None:
+                messages.append(message)
+        except ProtocolError:
+            return
+        if cut >= 0 and fin:
+            assert messages[0] == (opcode, payload.decode() if opcode == OP_TEXT else payload)
+
+
+def test_whole_refuses_a_frame_over_the_limit_and_the_parser_names_it():
+    frame = encode_frame(OP_BINARY, b"x" * 200, mask=False)
+    reader = FrameReader(100, masked=False)
+    assert reader.whole(frame) is None
+    reader.feed(frame)
+    with pytest.raises(ProtocolError) as error:
+        reader.next()
+    assert error.value.code == 1009
+
+
 def test_our_frames_are_the_bytes_websockets_writes():
     for n in (0, 125, 126, 65535, 65536):
         payload = bytes(range(256)) * (n // 256) + bytes(n % 256)
