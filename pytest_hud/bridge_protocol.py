@@ -76,9 +76,8 @@ def claim_frame(token: str | None) -> bytes:
     return packb({"claim": token})
 
 
-def action_frame(action: Any) -> bytes:
-    """One action ``[A]`` as the frame the bridge steps with."""
-    return pack_action(action)
+#: One action ``[A]`` as the frame the bridge steps with (no wrapper: a slot sends one every step).
+action_frame = pack_action
 
 
 def read_frame(raw: bytes | str, what: str) -> dict[str, Any]:

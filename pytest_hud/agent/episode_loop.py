@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import _signal
 import contextlib
+import os
 import threading
 import time
 from collections import deque
@@ -158,8 +159,8 @@ class EpisodeLoop:
         # a predict() that never returns (a little later, so the bridge's verdict comes first).
         armed = limit is not None and _WATCHDOG.arm(
             limit + 5.0, "--hud-first-action-timeout" if first else "--hud-step-timeout")
-        try:
-            output = self.model.predict(features(frame), self.prompt)
+        try:  # (features(frame), inline: this runs every step)
+            output = self.model.predict({k: v for k, v in frame.items() if k not in RESERVED_KEYS}, self.prompt)
         except PolicyTimeout as exc:
             raise EpisodeError(str(exc)) from None
         finally:
@@ -215,7 +216,7 @@ class _Watchdog:
     def arm(self, seconds: float, option: str) -> bool:
         """A model call starts; returns whether it is watched (False off the main thread, or
         when something else owns SIGALRM, e.g. pytest-timeout)."""
-        if threading.current_thread() is not threading.main_thread():
+        if threading.get_ident() != _MAIN_THREAD[0]:
             return False  # signals reach the main thread only
         if _signal.getsignal(_signal.SIGALRM) is not self._handler:
             if _signal.getsignal(_signal.SIGALRM) not in (_signal.SIG_DFL, None):
@@ -235,7 +236,7 @@ class _Watchdog:
         self.deadline = None
 
     def release(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
+        if threading.get_ident() != _MAIN_THREAD[0]:
             return  # an episode on another thread never armed it
         if self.installed:
             ours = _signal.getsignal(_signal.SIGALRM) is self._handler
@@ -261,6 +262,11 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+# The main thread's id, asked every step: threading.current_thread() is main_thread() costs two
+# Python calls. A forked child's main thread is the one that forked: ask threading again there.
+_MAIN_THREAD = [threading.main_thread().ident]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _MAIN_THREAD.__setitem__(0, threading.main_thread().ident))
 
 
 @contextlib.contextmanager
