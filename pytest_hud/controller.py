@@ -30,7 +30,7 @@ import pytest
 
 from .inputs import RunInputs
 from .ledger import Ledger
-from .provenance import provenance
+from .provenance import PolicyHashes, provenance
 from .results import EpisodeRecord, ResultsWriter
 from .settings import HudSettings
 
@@ -79,8 +79,16 @@ class HudController:
         self.service_host = "127.0.0.1"
         self.service = PoolService(self.pool, self.secret, self.service_host,
                                    extra_methods={"declare": self._declare, "sequential": self._sequential,
-                                                  "resume_lookup": self._resume_lookup})
+                                                  "resume_lookup": self._resume_lookup,
+                                                  "policy_hash": self._policy_hash})
         self.provenance = provenance(settings, config.rootpath, list(config.invocation_params.args))
+        self.policy_hashes = PolicyHashes()  # each policy's content hash, once per run, off the workers' cores
+        self._policy_files = None
+        if settings.policy:
+            from .agent.model import policy_files
+
+            self._policy_files = policy_files(settings.policy)
+            self.policy_hashes.start(settings.policy, self._policy_files)
         self._old_sigterm = _sigterm_as_interrupt()
         self.results_path: Path | None = None
         if settings.results:
@@ -95,6 +103,7 @@ class HudController:
     def _write(self) -> ResultsWriter | None:
         """The results file's writer, opened on first use (appending when resuming into the same file)."""
         if self.writer is None and self.results_path is not None:
+            self.provenance["policy_hash"] = self.policy_hashes.get(self.settings.policy, self._policy_files)
             resume = self.settings.resume
             resuming_here = bool(resume) and Path(resume).resolve() == self.results_path.resolve()
             self.writer = ResultsWriter(self.results_path, self.provenance, self.run_id, append=resuming_here)
@@ -120,9 +129,11 @@ class HudController:
     # ------------------------------------------------- the pool service's calls
     def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = (),
                  shard: dict[str, Any] | None = None, policies: list[str] = (),
-                 python_path: list[str] = ()) -> int:
+                 python_path: list[str] = (), hash_policies: dict[str, list[str] | None] | None = None) -> int:
         self.pool.add_python_path(python_path)
         self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
+        for spec, files in (hash_policies or {}).items():  # every episode's record carries its policy's hash
+            self.policy_hashes.start(spec, files)
         with self._lock:
             count = self.ledger.declare(episodes, deselected, shard)
             if shard is not None and "shard" not in self.provenance:
@@ -167,6 +178,9 @@ class HudController:
                     self.pool.prestart_policy_server(spec, worker)
             except PolicyError:
                 pass  # the test that uses it reports the bad spec
+
+    def _policy_hash(self, spec: str, files: list[str] | None = None) -> str | None:
+        return self.policy_hashes.get(spec, files)
 
     def _resume_lookup(self, task: str, episode: str, identity: dict[str, Any]) -> dict[str, Any] | None:
         return self.ledger.resume_lookup(task, episode, identity)
@@ -358,6 +372,7 @@ class HudController:
             signal.signal(signal.SIGTERM, self._old_sigterm)
         self.service.close()
         self.pool.stop_all()
+        self.policy_hashes.close()
         if self.writer is not None:
             self.writer.close()
 

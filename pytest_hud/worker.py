@@ -91,7 +91,7 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     """This run's episodes (after -k/-m deselection) and the deselected tasks, for the controller."""
     if session.config.option.collectonly:
         return None  # nothing will run: declare nothing, so nothing is written
-    declared, served = [], set()
+    declared, served, used = [], set(), set()
     for item in session.items:
         if is_episode_item(item):
             ident = item_identity(item)
@@ -99,6 +99,8 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
             if settings.min_success is not None:
                 ident["min_success"] = settings.min_success
             declared.append(ident)
+            if settings.policy:
+                used.add(settings.policy)
             if hud.settings.policy_server and settings.policy and "robot_agent" in getattr(item, "fixturenames", ()):
                 served.add(settings.policy)
     deselected = sorted({item_identity(i)["task"] for i in session.config.stash.get(DESELECTED_KEY, [])})
@@ -106,6 +108,10 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     if not declared and not deselected and shard is None:
         return None
     data = {"episodes": declared, "worker": hud.worker, "deselected": deselected}
+    if used:  # the controller hashes them now, once, for every record's identity (run_identity)
+        from .agent.model import policy_files
+
+        data["hash_policies"] = {spec: policy_files(spec) for spec in sorted(used)}
     if served:  # the pool starts their servers now, while the sims boot (SimPool.prestart_policy_server)
         data["policies"] = sorted(served)
         data["python_path"] = hud.project_paths()  # what those servers import the policies with
@@ -123,15 +129,12 @@ def declare_episodes(session: pytest.Session, hud: HudSession | None) -> None:
 
 def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
     """What an episode's result depends on besides its seed: resume reuses only exact matches."""
-    from .agent.model import policy_content_hash
+    from .agent.model import policy_files
 
     settings = item_settings(item, hud)
     policy, cache = settings.policy, hud.policy_hashes
-    if policy not in cache:
-        try:
-            cache[policy] = policy_content_hash(policy) if policy else None
-        except Exception:  # noqa: BLE001 - an unhashable policy is simply never reused
-            cache[policy] = None
+    if policy not in cache:  # the files as this worker finds them, hashed once per run by the controller
+        cache[policy] = hud.pool_call("policy_hash", spec=policy, files=policy_files(policy)) if policy else None
     return {"plugin_version": __version__, "policy": policy, "policy_hash": cache[policy],
             "sim": settings.sim, "build": settings.build,
             "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps)}

@@ -93,6 +93,32 @@ def test_two_workers_share_a_bridge_and_junit_carries_episode_properties(project
     prov = results.provenance
     assert prov["policy"] == "policies:balance" and prov["policy_hash"].startswith("sha256:")
     assert prov["width"] == 2 and "gymnasium" in prov["versions"]
+    # Every record's identity (what --hud-resume matches on) has the policy's hash, hashed once by
+    # the controller from the files the workers found: the same as the provenance's.
+    from pytest_hud.agent.model import policy_content_hash
+
+    assert {r.identity["policy_hash"] for r in results.episodes} == {prov["policy_hash"]}
+    assert prov["policy_hash"] == policy_content_hash(str(project.path / "policies.py") + ":balance")
+
+
+def test_a_policy_only_the_workers_can_import_still_has_its_hash_on_every_record(project):
+    # The test folder is on the workers' sys.path (pytest's collection), not on the controller's:
+    # the workers find the policy's files, the controller hashes them once.
+    suite = project.mkdir("suite")
+    (suite / "suite_policies.py").write_text(POLICIES)
+    (suite / "test_marked.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.hud(policy='suite_policies:balance')\n"
+        "@pytest.mark.parametrize('seed', range(4))\n"
+        "def test_marked(shared_sim, robot_agent, seed):\n"
+        "    assert robot_agent.run(shared_sim.episode(seed=seed)).success\n")
+    result = run(project, "suite", "-n", "2", "--hud-width=2", "--hud-results=r.jsonl")
+    result.assert_outcomes(passed=4)
+    from pytest_hud.agent.model import policy_content_hash
+
+    results = load_results(project.path / "r.jsonl")
+    want = policy_content_hash(f"{suite / 'suite_policies.py'}:balance")
+    assert want and {r.identity["policy_hash"] for r in results.episodes} == {want}
 
 
 def test_no_xdist_runs_in_process(project):

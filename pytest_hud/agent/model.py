@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -109,13 +109,14 @@ def _factory_file(spec: str) -> Path | None:
     return Path(found.origin) if found and found.origin else None
 
 
-def policy_content_hash(spec: str) -> str | None:
-    """A sha256 over the files that define the policy (checkpoint files or the factory's module).
-
-    Provenance for the results file and the identity that resume matches on.
-    """
-    kind = policy_kind(spec) if spec else None
-    h = hashlib.sha256()
+def policy_files(spec: str) -> list[str] | None:
+    """The files that define the policy, as absolute paths in hashing order: a checkpoint's files,
+    or a factory's module (and the ``checkpoints/`` folder beside it); None for a policy without
+    files (a ws:// server, a module that cannot be found) or a spec that names nothing."""
+    try:
+        kind = policy_kind(spec) if spec else None
+    except PolicyError:
+        return None
     if kind == "lerobot":
         root = Path(spec).expanduser()
         files = sorted(p for p in root.rglob("*") if p.is_file())
@@ -130,12 +131,28 @@ def policy_content_hash(spec: str) -> str | None:
             files += sorted(p for p in ckpt.rglob("*") if p.is_file())
     else:
         return None
-    for f in files:
+    return [str(f.absolute()) for f in files]  # not resolved: a symlink's own name is hashed
+
+
+def hash_files(files: Sequence[str]) -> str:
+    """A sha256 over each file's name and content, in order (see :func:`policy_content_hash`)."""
+    h = hashlib.sha256()
+    for name in files:
+        f = Path(name)
         h.update(f.name.encode())
         with open(f, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
     return "sha256:" + h.hexdigest()
+
+
+def policy_content_hash(spec: str) -> str | None:
+    """A sha256 over the files that define the policy (:func:`policy_files`), None without files.
+
+    Provenance for the results file and the identity that resume matches on.
+    """
+    files = policy_files(spec)
+    return None if files is None else hash_files(files)
 
 
 def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
