@@ -31,6 +31,10 @@ episodes, reports):
   (the 8 envs on one thread per core in the bridge process). PushT is not safe on threads
   (``python -m pytest_hud.sim evals/sims/pusht.py:make_pusht --width 8 --check-threads`` finds
   rewards that differ from a one-thread run): shown for its speed only, not a setup to use;
+- ``hud-server-named`` (not run by default): ``hud-server`` with the checkpoint named on the
+  command line (``--hud-policy=CKPT``, as ``lerobot-eval`` gets ``--policy.path``), which beats the
+  suite's marker: the policy server starts at pytest's configure, before the workers boot, instead of
+  when the first worker has collected and declared its tests;
 - ``hud-server-ready`` (not run by default): ``hud-server`` with ``--hud-tick=ready``; ``auto`` ticks
   in lockstep with a policy server (see the README's tick modes);
 - ``hud-novideo`` (not run by default): ``hud`` with ``--hud-video=none``;
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         default=["lerobot-eval", "hud", "hud-1thread", "hud-server", "lerobot-eval-96", "lerobot-eval"],
         choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server", "hud-server-sync",
                  "hud-server-async", "hud-server-processes", "hud-server-processes-lockstep",
-                 "hud-server-processes-ready", "hud-server-threads", "hud-server-ready"],
+                 "hud-server-processes-ready", "hud-server-threads", "hud-server-ready", "hud-server-named"],
         help="What to run, in this order; repeats allowed (the ratio uses the median lerobot-eval wall time)")
     parser.add_argument("--keep", type=Path, default=None, help="Keep logs and outputs here")
     parser.add_argument("--all-plugins", action="store_true",
@@ -243,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           ["--hud-policy-server", "--hud-vectorization=threads"]),
             "hud-server-ready": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                         ["--hud-policy-server", "--hud-tick=ready"]),
+            "hud-server-named": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                        ["--hud-policy-server", f"--hud-policy={checkpoint}"]),
         }
         seen: dict[str, int] = {}
         for setup in args.setups:
