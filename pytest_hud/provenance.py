@@ -74,6 +74,7 @@ class PolicyHashes:
         self._futures: dict[tuple[str, tuple[str, ...] | None], Future] = {}
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        self._stop = threading.Event()
 
     def start(self, spec: str, files: Sequence[str] | None) -> Future:
         """Start hashing ``spec``'s ``files`` (:func:`~pytest_hud.agent.model.policy_files`, as the
@@ -88,7 +89,7 @@ class PolicyHashes:
                 else:
                     if self._executor is None:
                         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hud-policy-hash")
-                    future = self._executor.submit(_content_hash, key[1])
+                    future = self._executor.submit(_content_hash, key[1], self._stop)
                 self._futures[key] = future
             return future
 
@@ -98,16 +99,18 @@ class PolicyHashes:
         return self.start(spec, files).result() if spec else None
 
     def close(self) -> None:
+        """Stop: a hash still being read ends within one block (its askers get None)."""
+        self._stop.set()
         with self._lock:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _content_hash(files: tuple[str, ...]) -> str | None:
+def _content_hash(files: tuple[str, ...], stop: threading.Event) -> str | None:
     from .agent.model import hash_files
 
     try:
-        return hash_files(files)
-    except OSError:  # an unreadable policy is never reused, and provenance is best effort
+        return hash_files(files, stop)
+    except OSError:  # unreadable (or stopped): never reused by resume, and provenance is best effort
         return None

@@ -134,14 +134,19 @@ def policy_files(spec: str) -> list[str] | None:
     return [str(f.absolute()) for f in files]  # not resolved: a symlink's own name is hashed
 
 
-def hash_files(files: Sequence[str]) -> str:
-    """A sha256 over each file's name and content, in order (see :func:`policy_content_hash`)."""
+def hash_files(files: Sequence[str], stop: Any = None) -> str:
+    """A sha256 over each file's name and content, in order (see :func:`policy_content_hash`).
+
+    ``stop``: an event (``threading.Event``) that, once set, ends the reading within one block by
+    raising ``InterruptedError`` (a run that ends does not wait for a gigabyte checkpoint's hash)."""
     h = hashlib.sha256()
     for name in files:
         f = Path(name)
         h.update(f.name.encode())
         with open(f, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
+                if stop is not None and stop.is_set():
+                    raise InterruptedError(f"hashing {f} was stopped")
                 h.update(block)
     return "sha256:" + h.hexdigest()
 

@@ -110,9 +110,9 @@ def test_the_controller_hashes_a_policy_once_however_many_workers_ask(tmp_path, 
     calls = []
     real = model.hash_files
 
-    def counting(files):
+    def counting(files, stop=None):
         calls.append(tuple(files))
-        return real(files)
+        return real(files, stop)
 
     monkeypatch.setattr(model, "hash_files", counting)
     files = model.policy_files(str(folder))
@@ -130,3 +130,37 @@ def test_the_controller_hashes_a_policy_once_however_many_workers_ask(tmp_path, 
         assert len(calls) == 2
     finally:
         hashes.close()
+
+
+def test_closing_the_hashes_stops_a_long_read_at_once(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import pytest_hud.agent.model as model
+    from pytest_hud.provenance import PolicyHashes
+
+    big = tmp_path / "weights.bin"
+    big.write_bytes(b"\0" * (4 << 20))  # four blocks
+    reading = threading.Event()
+    real_update = model.hashlib.sha256
+
+    class Slow:  # a sha256 that takes a second per block, as a gigabyte file would in all
+        def __init__(self):
+            self.h = real_update()
+
+        def update(self, data):
+            reading.set()
+            time.sleep(1.0 if len(data) > 100 else 0)
+            self.h.update(data)
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+
+    monkeypatch.setattr(model.hashlib, "sha256", Slow)
+    hashes = PolicyHashes()
+    future = hashes.start("ckpt", [str(big)])
+    assert reading.wait(5)
+    started = time.monotonic()
+    hashes.close()
+    assert future.result(timeout=3) is None  # stopped within a block, not after all four
+    assert time.monotonic() - started < 2.5
