@@ -118,20 +118,23 @@ def floor(transport: str, steps: int, reply_after: float, sizes: list[int]) -> N
     server.listen(1)
     peer_pid = os.fork()
     if peer_pid == 0:  # the peer: a bridge that steps for reply_after seconds, then answers
-        conn, _ = server.accept()
-        if family == socket.AF_INET:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        reply = b"o" * sizes[1]
-        while conn.recv(65536):
-            until = time.perf_counter() + reply_after
-            while time.perf_counter() < until:
-                pass
-            conn.sendall(reply)
-        os._exit(0)
-    client = socket.create_connection(server.getsockname()) if family == socket.AF_INET else socket.socket(family)
-    if family == socket.AF_UNIX:
-        client.connect(server.getsockname())
-    else:
+        try:
+            server.settimeout(30)  # never outlives a client that failed before connecting
+            conn, _ = server.accept()
+            conn.settimeout(30)
+            if family == socket.AF_INET:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            reply = b"o" * sizes[1]
+            while conn.recv(65536):
+                until = time.perf_counter() + reply_after
+                while time.perf_counter() < until:
+                    pass
+                conn.sendall(reply)
+        finally:
+            os._exit(0)
+    client = socket.socket(family, socket.SOCK_STREAM)
+    client.connect(server.getsockname())
+    if family == socket.AF_INET:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     action = b"a" * sizes[0]
     for _ in range(200):

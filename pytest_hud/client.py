@@ -260,39 +260,25 @@ class SlotClient:
     def _recv(self, timeout: float) -> Any:
         try:
             return self._ws.recv(timeout)
-        except (TimeoutError, ConnectionClosed) as exc:
-            raise self._recv_error(exc, timeout) from None
-
-    def _recv_error(self, exc: BaseException, timeout: float) -> BridgeError:
-        if isinstance(exc, TimeoutError):
-            return BridgeError(f"bridge sent nothing for {timeout:g} s")
-        return _exited(closed_error(exc), self._pid)  # type: ignore[arg-type]
+        except TimeoutError:
+            raise BridgeError(f"bridge sent nothing for {timeout:g} s") from None
+        except ConnectionClosed as exc:
+            raise _exited(closed_error(exc), self._pid) from None
 
     def _send(self, data: bytes) -> None:
         try:
             self._ws.send(data)
         except ConnectionClosed as exc:
-            raise self._send_error(exc) from None
-
-    def _send_error(self, exc: ConnectionClosed) -> BridgeError:
-        try:
-            late: bytes | str | None = self._ws.recv(0.5)  # the bridge's error frame, if buffered
-        except (ConnectionClosed, TimeoutError):
-            late = None
-        return send_error(exc, late) if late is not None else _exited(closed_error(exc), self._pid)
+            try:
+                late: bytes | str | None = self._ws.recv(0.5)  # the bridge's error frame, if buffered
+            except (ConnectionClosed, TimeoutError):
+                late = None
+            raise (send_error(exc, late) if late is not None else _exited(closed_error(exc), self._pid)) from None
 
     def step(self, action: Any) -> dict[str, Any]:
         """Send one action (``[A]``), return the next observation frame."""
-        ws = self._ws  # _send and _recv inline: this runs every step
-        try:
-            ws.send(action_frame(action))
-        except ConnectionClosed as exc:
-            raise self._send_error(exc) from None
-        try:
-            raw = ws.recv(self.recv_timeout)
-        except (TimeoutError, ConnectionClosed) as exc:
-            raise self._recv_error(exc, self.recv_timeout) from None
-        return self._read(raw)
+        self._send(action_frame(action))
+        return self._read(self._recv(self.recv_timeout))
 
     def close(self) -> None:
         self._ws.close()

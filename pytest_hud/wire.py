@@ -307,8 +307,8 @@ def pack_action(action: Any) -> bytes:
     """
     arr = np.asarray(action)
     if type(arr) is np.ndarray and arr.dtype.kind in "biuf" and arr.nbytes <= _JOIN_LIMIT and arr.flags.c_contiguous:
-        pieces = _ARRAYS.get((arr.dtype.str, arr.shape)) or _array_pieces(arr)  # cached: every step
-        return b"".join((_ACTION_KEY, pieces[0], arr, pieces[1]))
+        head, tail = _array_pieces(arr)
+        return b"".join((_ACTION_KEY, head, arr, tail))
     return packb({"actions": arr})
 
 

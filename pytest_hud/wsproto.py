@@ -171,17 +171,9 @@ class FrameReader:
         if size < 2 or data[0] != 0x82:  # FIN and OP_BINARY, no reserved bits
             return None
         b1 = data[1]
-        if (b1 >= 0x80) is not self.masked:
+        if (b1 >= 0x80) is not self.masked or size < _length_bytes(b1):
             return None
-        n = b1 & 0x7F
-        if n < 126:
-            head = 2
-        elif n == 126 and size >= 4:
-            n, head = _U16.unpack_from(data, 2)[0], 4
-        elif n == 127 and size >= 10:
-            n, head = _U64.unpack_from(data, 2)[0], 10
-        else:
-            return None
+        n, head = _length(b1, data, 0)
         if self.masked:
             head += 4
         if size != head + n or n > self.max_size:
@@ -243,20 +235,9 @@ class FrameReader:
         if bool(b1 & 0x80) is not self.masked:
             raise ProtocolError(1002, "client frames must be masked" if self.masked
                                 else "server frames must not be masked")
-        n = b1 & 0x7F
-        head = 2
-        if n == 126:
-            if not self._have(4):
-                return None
-            buf, pos = self._buf, self._pos
-            n = _U16.unpack_from(buf, pos + 2)[0]
-            head = 4
-        elif n == 127:
-            if not self._have(10):
-                return None
-            buf, pos = self._buf, self._pos
-            n = _U64.unpack_from(buf, pos + 2)[0]
-            head = 10
+        if not self._have(_length_bytes(b1)):
+            return None
+        n, head = _length(b1, self._buf, self._pos)
         if opcode in _CONTROL and (n > 125 or not fin):
             raise ProtocolError(1002, "control frames must be final and at most 125 bytes")
         if n > self.max_size:
@@ -273,6 +254,23 @@ class FrameReader:
             payload = buf[pos + head:end]
         self._pos = end
         return fin, opcode, payload
+
+
+def _length_bytes(b1: int) -> int:
+    """How many bytes a frame's header takes before its mask key, given its second byte."""
+    n = b1 & 0x7F
+    return 4 if n == 126 else 10 if n == 127 else 2
+
+
+def _length(b1: int, buf: bytes, pos: int) -> tuple[int, int]:
+    """(payload length, header bytes before the mask key) of the frame at ``pos``, whose second
+    byte is ``b1``; the header's first :func:`_length_bytes` bytes must be in ``buf``."""
+    n = b1 & 0x7F
+    if n == 126:
+        return _U16.unpack_from(buf, pos + 2)[0], 4
+    if n == 127:
+        return _U64.unpack_from(buf, pos + 2)[0], 10
+    return n, 2
 
 
 def _text(payload: bytes) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import _signal
 import contextlib
-import os
 import threading
 import time
 from collections import deque
@@ -159,8 +158,8 @@ class EpisodeLoop:
         # a predict() that never returns (a little later, so the bridge's verdict comes first).
         armed = limit is not None and _WATCHDOG.arm(
             limit + 5.0, "--hud-first-action-timeout" if first else "--hud-step-timeout")
-        try:  # (features(frame), inline: this runs every step)
-            output = self.model.predict({k: v for k, v in frame.items() if k not in RESERVED_KEYS}, self.prompt)
+        try:
+            output = self.model.predict(features(frame), self.prompt)
         except PolicyTimeout as exc:
             raise EpisodeError(str(exc)) from None
         finally:
@@ -216,7 +215,7 @@ class _Watchdog:
     def arm(self, seconds: float, option: str) -> bool:
         """A model call starts; returns whether it is watched (False off the main thread, or
         when something else owns SIGALRM, e.g. pytest-timeout)."""
-        if threading.get_ident() != _MAIN_THREAD[0]:
+        if threading.get_ident() != threading.main_thread().ident:
             return False  # signals reach the main thread only
         if _signal.getsignal(_signal.SIGALRM) is not self._handler:
             if _signal.getsignal(_signal.SIGALRM) not in (_signal.SIG_DFL, None):
@@ -236,7 +235,7 @@ class _Watchdog:
         self.deadline = None
 
     def release(self) -> None:
-        if threading.get_ident() != _MAIN_THREAD[0]:
+        if threading.get_ident() != threading.main_thread().ident:
             return  # an episode on another thread never armed it
         if self.installed:
             ours = _signal.getsignal(_signal.SIGALRM) is self._handler
@@ -262,11 +261,6 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
-# The main thread's id, asked every step: threading.current_thread() is main_thread() costs two
-# Python calls. A forked child's main thread is the one that forked: ask threading again there.
-_MAIN_THREAD = [threading.main_thread().ident]
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _MAIN_THREAD.__setitem__(0, threading.main_thread().ident))
 
 
 @contextlib.contextmanager
