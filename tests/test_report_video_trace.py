@@ -241,3 +241,39 @@ def test_episode_file_stems_are_safe_file_names() -> None:
     stem = episode_file_stem("evals/a b/test_x.py::test_y[<script>/..\\x]", "../../etc")
     assert "/" not in stem and "\\" not in stem and "<" not in stem and " " not in stem
     assert stem.startswith("test_x.py__test_y")
+
+
+def test_pyav_is_imported_on_the_encoding_thread_when_the_first_episode_with_a_camera_starts(tmp_path: Path) -> None:
+    # In a fresh interpreter (this one has PyAV imported already): the first encode, which the
+    # episode's report waits for, must not pay for the import too.
+    import subprocess
+    import sys
+
+    script = f'''
+import sys, time
+from types import SimpleNamespace
+import numpy as np
+from pytest_hud.contract import Contract
+from pytest_hud.report.video import VideoRecorder
+
+def contract(cameras):
+    features = {{"action": {{"role": "action", "type": "box", "dtype": "float32", "shape": [2]}}}}
+    for name in cameras:
+        features[name] = {{"role": "observation", "type": "rgb", "dtype": "uint8", "shape": [8, 8, 3]}}
+    return Contract.from_dict({{"features": features}})
+
+recorder = VideoRecorder({str(tmp_path / "videos")!r}, mode="failed")
+assert "av" not in sys.modules
+recorder.on_start(SimpleNamespace(contract=contract([])), {{}})
+time.sleep(0.5)
+assert "av" not in sys.modules, "imported for an episode without a camera"
+recorder.on_start(SimpleNamespace(contract=contract(["top"])), {{"top": np.zeros((8, 8, 3), np.uint8)}})
+deadline = time.monotonic() + 30
+while "av" not in sys.modules:
+    assert time.monotonic() < deadline, "PyAV was not imported during the episode"
+    time.sleep(0.01)
+assert recorder.pending == 0 and recorder.flush(5) and recorder.close(5)
+'''
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "videos").exists()  # nothing encoded: the episode never ended

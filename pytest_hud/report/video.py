@@ -41,6 +41,7 @@ never record do not pay for it; :func:`video_available` says whether it can be i
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import threading
@@ -65,6 +66,11 @@ DEFAULT_FPS = 30.0
 def video_available() -> bool:
     """True when PyAV can be imported (without importing it)."""
     return importlib.util.find_spec("av") is not None
+
+
+def _import_av() -> None:
+    with contextlib.suppress(Exception):  # an encode that needs it reports the failure
+        import av  # noqa: F401
 
 
 def _as_rgb(frame: Any) -> np.ndarray | None:
@@ -127,11 +133,12 @@ def encode_mp4(frames: list[Any], path: str | os.PathLike[str], fps: float = DEF
             stream.pix_fmt = "yuv420p"
             stream.options = {"crf": str(int(crf)), "preset": preset}
             stream.codec_context.thread_count = max(1, int(threads))
-            stream.codec_context.time_base = 1 / rate
+            time_base = 1 / rate  # a Fraction: made once, not per frame
+            stream.codec_context.time_base = time_base
             for i, img in enumerate(images):
                 frame = av.VideoFrame.from_ndarray(_fit(img, height, width), format="rgb24")
                 frame.pts = i
-                frame.time_base = 1 / rate
+                frame.time_base = time_base
                 container.mux(stream.encode(frame))
             container.mux(stream.encode(None))  # drain the encoder's delayed frames
         os.replace(part, path)
@@ -189,6 +196,7 @@ class VideoRecorder:
         self._pending: set[Future] = set()
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        self._warm = False  # PyAV imported (or its import queued) on the encoding thread
 
     # --------------------------------------------------------------- naming
     def label_next(self, task: str, episode: str) -> None:
@@ -217,6 +225,12 @@ class VideoRecorder:
         self._episode_fps = float(self.fps or rate or DEFAULT_FPS)
         self._frames = {name: deque(maxlen=self.max_frames) for name in self._cameras}
         self._keep(observation)
+        if self._cameras and not self._warm:
+            # PyAV's import (~0.1 CPU-s) runs now, while the episode waits on its sim and policy,
+            # instead of before the first encode, which the episode's report waits for.
+            self._warm = True
+            with self._lock:
+                self._run(_import_av)
 
     def on_step(self, action: np.ndarray, observation: Mapping[str, Any], inference_s: float) -> None:
         """Keep this tick's camera frames (references only; no conversion on the hot path)."""
@@ -246,11 +260,15 @@ class VideoRecorder:
             result.artefacts.update(artefacts)
 
     # -------------------------------------------------------------- encoding
+    def _run(self, fn: Any, *args: Any) -> Future:
+        """``fn(*args)`` on the encoding thread (started on first use). Call with the lock held."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hud-video")
+        return self._executor.submit(fn, *args)
+
     def _submit(self, frames: list[Any], path: Path) -> None:
         with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hud-video")
-            future = self._executor.submit(self._encode, frames, path, self._episode_fps)
+            future = self._run(self._encode, frames, path, self._episode_fps)
             self._pending.add(future)
         future.add_done_callback(self._done)
 
