@@ -83,6 +83,7 @@ class HudController:
                                                   "policy_hash": self._policy_hash})
         self.provenance = provenance(settings, config.rootpath, list(config.invocation_params.args))
         self.policy_hashes = PolicyHashes()  # each policy's content hash, once per run, off the workers' cores
+        self._bridge_prestarts: set[tuple[str, str, int]] = set()  # (target, build, group) started at a declaration
         self._policy_files = None
         if settings.policy:
             from .agent.model import policy_files
@@ -129,9 +130,11 @@ class HudController:
     # ------------------------------------------------- the pool service's calls
     def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = (),
                  shard: dict[str, Any] | None = None, policies: list[str] = (),
-                 python_path: list[str] = (), hash_policies: dict[str, list[str] | None] | None = None) -> int:
+                 python_path: list[str] = (), hash_policies: dict[str, list[str] | None] | None = None,
+                 sims: list[list[Any]] = ()) -> int:
         self.pool.add_python_path(python_path)
         self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
+        self.prestart_bridges(sims, worker)
         for spec, files in (hash_policies or {}).items():  # every episode's record carries its policy's hash
             self.policy_hashes.start(spec, files)
         with self._lock:
@@ -154,16 +157,26 @@ class HudController:
         command line (which beats markers and ini): start its servers now, one per replica, before
         the workers even collect, so that the server's imports and load (seconds) overlap pytest's
         start-up. A factory waits for the declarations, which bring the import paths its module
-        needs. Nothing starts for ``--collect-only``. A run whose tests turn out not to ask for the
-        server (none uses ``robot_agent``) leaves it idle until the run ends."""
+        needs. Without a checkpoint named, and with LeRobot installed, a standby interpreter imports
+        torch and LeRobot meanwhile (:meth:`pytest_hud.pool.SimPool.warm_policy_server`). Nothing
+        starts for ``--collect-only``. A run whose tests turn out not to ask for the server (none
+        uses ``robot_agent``) leaves it idle until the run ends."""
         spec = self.settings.policy_cli
-        if collect_only or not (self.settings.policy_server and spec):
+        if collect_only or not self.settings.policy_server:
             return
         from .agent.lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
 
-        if looks_like_lerobot_checkpoint(Path(spec).expanduser()):
+        if spec and looks_like_lerobot_checkpoint(Path(spec).expanduser()):
             for worker in range(min(self.settings.policy_replicas, self.workers)):
                 self.prestart_policy_servers([spec], worker)  # worker i uses replica i mod replicas
+            return
+        import importlib.util
+
+        if importlib.util.find_spec("lerobot") is not None:
+            # Which policy is only known once a worker has collected (a second or more on a busy
+            # machine), but with LeRobot installed it most likely needs torch and LeRobot: a standby
+            # imports them meanwhile and becomes the first policy server started.
+            self.pool.warm_policy_server()
 
     def prestart_policy_servers(self, specs: Iterable[str], worker: int = 0) -> None:
         """With ``--hud-policy-server``: start the servers of ``specs`` for ``worker``'s replica now,
@@ -178,6 +191,26 @@ class HudController:
                     self.pool.prestart_policy_server(spec, worker)
             except PolicyError:
                 pass  # the test that uses it reports the bad spec
+
+    def prestart_bridges(self, sims: Iterable[list[Any]], worker: int = 0) -> None:
+        """Start the bridges of ``sims`` (``[target, build]`` pairs a worker's tests use) for
+        ``worker``'s group now, each on a thread of its own, instead of when the first test asks
+        (after every worker has collected: a second or more with many workers on few cores). A
+        worker that asks meanwhile waits for the same bridge; a failure reaches it when it asks."""
+        for target, build in sims:
+            key = (str(target), json.dumps(build or {}, sort_keys=True), self.pool.group_of(worker))
+            with self._lock:
+                if key in self._bridge_prestarts:
+                    continue
+                self._bridge_prestarts.add(key)
+            threading.Thread(target=self._prestart_bridge, args=(str(target), dict(build or {}), worker),
+                             name="hud-prestart-bridge", daemon=True).start()
+
+    def _prestart_bridge(self, target: str, build: dict[str, Any], worker: int) -> None:
+        try:
+            self.pool.bridge_for(target, build, worker)
+        except Exception:  # noqa: BLE001 - the worker's own call reports it (or starts it again)
+            pass
 
     def _policy_hash(self, spec: str, files: list[str] | None = None) -> str | None:
         return self.policy_hashes.get(spec, files)

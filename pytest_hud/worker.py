@@ -8,6 +8,7 @@ the episode's record (:mod:`pytest_hud.outcome`) on the test's report for the co
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +92,7 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     """This run's episodes (after -k/-m deselection) and the deselected tasks, for the controller."""
     if session.config.option.collectonly:
         return None  # nothing will run: declare nothing, so nothing is written
-    declared, served, used = [], set(), set()
+    declared, served, used, sims = [], set(), set(), {}
     for item in session.items:
         if is_episode_item(item):
             ident = item_identity(item)
@@ -101,8 +102,13 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
             declared.append(ident)
             if settings.policy:
                 used.add(settings.policy)
-            if hud.settings.policy_server and settings.policy and "robot_agent" in getattr(item, "fixturenames", ()):
+            fixtures = getattr(item, "fixturenames", ())
+            if hud.settings.policy_server and settings.policy and "robot_agent" in fixtures:
                 served.add(settings.policy)
+            if settings.sim and "shared_sim" in fixtures and not hud.settings.resume:
+                # (resumed episodes may all be replayed: their bridge starts when one runs)
+                build = dict(settings.build or {})
+                sims[(settings.sim, json.dumps(build, sort_keys=True))] = [settings.sim, build]
     deselected = sorted({item_identity(i)["task"] for i in session.config.stash.get(DESELECTED_KEY, [])})
     shard = session.config.stash.get(SHARD_KEY, None)
     if not declared and not deselected and shard is None:
@@ -114,7 +120,10 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
         data["hash_policies"] = {spec: policy_files(spec) for spec in sorted(used)}
     if served:  # the pool starts their servers now, while the sims boot (SimPool.prestart_policy_server)
         data["policies"] = sorted(served)
-        data["python_path"] = hud.project_paths()  # what those servers import the policies with
+    if sims:  # and these bridges, before the first test asks for one
+        data["sims"] = [sims[key] for key in sorted(sims)]
+    if served or sims:
+        data["python_path"] = hud.project_paths()  # what those servers and bridges import with
     if shard is not None:  # the whole suite too: the gate and the merge need the other shards' episodes
         data["shard"] = {key: shard[key] for key in ("index", "count", "suite")}
     return data
