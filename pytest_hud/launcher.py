@@ -121,6 +121,7 @@ class LocalLauncher:
         self._lock = threading.Lock()
         self._count = 0
         self._children: list[subprocess.Popen] = []
+        self._standby: dict[str, tuple[str, subprocess.Popen, Path]] = {}  # role -> (module, process, log)
         self._closed = False
 
     def describe(self) -> str:
@@ -146,14 +147,19 @@ class LocalLauncher:
         child_env.update(env)
         # Started and listed under the lock: close() either stops this child or came first, and
         # then nothing starts (a prestart's thread may get here after the run's end began).
-        with self._lock, open(log, "wb") as log_fh:
+        with self._lock:
             if self._closed:
                 raise LaunchError(f"{what} was not started: the run is shutting down")
-            # A new session: Ctrl-C in the terminal reaches pytest, which then stops children in
-            # order; the children's parent-death watch covers SIGKILL of pytest.
-            process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
-                                       cwd=self.cwd, env=child_env, start_new_session=True)
-            self._children.append(process)
+            taken = self._hand_over(role, full, env)
+            if taken is not None:
+                process, log = taken
+            else:
+                with open(log, "wb") as log_fh:
+                    # A new session: Ctrl-C in the terminal reaches pytest, which then stops children
+                    # in order; the children's parent-death watch covers SIGKILL of pytest.
+                    process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
+                                               cwd=self.cwd, env=child_env, start_new_session=True)
+                self._children.append(process)
         deadline = None if clock is not None else time.monotonic() + timeout
         while not announce.exists():
             if process.poll() is not None:
@@ -170,6 +176,45 @@ class LocalLauncher:
         data = json.loads(announce.read_text())
         data.setdefault("host", self.host)
         return LocalService(process, data, log)
+
+    def warm(self, role: str, module: str, preload: str | None = None,
+             env: Mapping[str, str] | None = None) -> bool:
+        """Start a standby interpreter (:mod:`pytest_hud.standby`) for ``role``'s next launch of
+        ``-m module``: it calls ``preload`` (``module:function``) now, and that launch hands it its
+        arguments instead of starting a process, so the imports overlap the run's start. ``env``:
+        variables the preload needs, unless already set. One standby per role; True if one started."""
+        child_env = dict(os.environ)
+        for key, value in (env or {}).items():
+            child_env.setdefault(key, value)
+        with self._lock:
+            if self._closed or role in self._standby:
+                return False
+            log = self._workdir() / f"{role}-standby.log"
+            with open(log, "wb") as log_fh:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "pytest_hud.standby", module, *([preload] if preload else [])],
+                    stdin=subprocess.PIPE, stdout=log_fh, stderr=log_fh, cwd=self.cwd, env=child_env,
+                    start_new_session=True)
+            self._children.append(process)
+            self._standby[role] = (module, process, log)
+            return True
+
+    def _hand_over(self, role: str, full: list[str], env: Mapping[str, str]) -> tuple[subprocess.Popen, Path] | None:
+        """Give ``role``'s standby the launch ``full`` (``[python, -m, module, args...]``) if it can
+        take it: the same module, still alive. The lock is held."""
+        module, process, log = self._standby.pop(role, (None, None, None))
+        if process is None or full[1:3] != ["-m", module] or process.poll() is not None:
+            if process is not None:
+                terminate(process)
+            return None
+        order = json.dumps({"argv": full[3:], "env": dict(env)}) + "\n"
+        try:
+            process.stdin.write(order.encode())
+            process.stdin.close()
+        except OSError:  # it died since poll(): start one the usual way
+            terminate(process)
+            return None
+        return process, log
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop every child at once (SIGTERM, then SIGKILL after ``timeout``); start none after."""
@@ -300,6 +345,11 @@ class StaticLauncher:
     def describe(self) -> str:
         return (f"static endpoints: {len(self.endpoints['bridge'])} bridge(s) from ${BRIDGES_ENV}, "
                 f"{len(self.endpoints['policy'])} policy server(s) from ${POLICY_SERVERS_ENV}")
+
+    def warm(self, role: str, module: str, preload: str | None = None,
+             env: Mapping[str, str] | None = None) -> bool:
+        """A standby for a role started locally (none listed): :meth:`LocalLauncher.warm`."""
+        return False if self.endpoints.get(role) else self.local.warm(role, module, preload, env)
 
     def launch(self, cmd: list[str], what: str, *, role: str, env: Mapping[str, str], timeout: float,
                files: Mapping[str, str] | None = None) -> Service:

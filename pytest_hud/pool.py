@@ -34,6 +34,7 @@ from .rpc import RpcError, RpcServer
 __all__ = ["PoolError", "BridgeSpec", "SimPool", "PoolService"]
 
 SECRET_ENV = "PYTEST_HUD_SECRET"
+SERVER_MODULE = "pytest_hud.agent.server"  # what a policy server runs (python -m)
 
 
 PoolError = LaunchError  # a bridge could not be started (the message carries the tail of its log)
@@ -225,7 +226,16 @@ class SimPool:
     def _server_cmd(spec: str) -> list[str]:
         # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
         # API key when given none; workers send the secret (session.HudSession.agent).
-        return ["-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0"]
+        return ["-m", SERVER_MODULE, "--policy", spec, "--port", "0"]
+
+    def warm_policy_server(self) -> bool:
+        """Start a standby interpreter that imports torch and LeRobot's policy code now and becomes
+        the next policy server this pool starts, whatever its policy (launchers that can:
+        :meth:`pytest_hud.launcher.LocalLauncher.warm`). True if one started."""
+        warm = getattr(self.launcher, "warm", None)
+        if warm is None or self.closed:
+            return False
+        return bool(warm("policy", SERVER_MODULE, "pytest_hud.agent.lerobot:preload"))
 
     def _prestarted_server(self, spec: str, replica: int, contract: dict[str, Any]) -> Service | None:
         """The prestarted server for (spec, replica), given ``contract`` and announced; None if there is none."""

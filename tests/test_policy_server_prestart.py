@@ -270,3 +270,104 @@ def test_the_summary_asks_stuck_bridges_for_their_notes_all_at_once_and_gives_up
         assert time.monotonic() - t0 < 1.2
     finally:
         listener.close()
+
+
+# ------------------------------------------------------------------------------ the standby
+def standbys() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if "pytest_hud.standby" in " ".join(p.cmdline())]
+
+
+def test_a_standby_becomes_the_first_server_with_the_runs_secret_and_the_workers_import_paths(tmp_path):
+    # The policy module is importable only from a path a worker declared after the standby started:
+    # the standby's interpreter must take the launch's PYTHONPATH and its secret, not just its arguments.
+    (tmp_path / "late_policies.py").write_text(CONTRACTED)
+    pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
+    try:
+        assert pool.warm_policy_server()
+        assert not pool.warm_policy_server()  # one standby
+        (standby,) = standbys()
+        pool.add_python_path([str(tmp_path)])
+        assert pool.prestart_policy_server("late_policies:sized", worker=0)
+        reply = pool.policy_server_for("late_policies:sized", contract_dict(3), worker=0)
+        assert [p.pid for p in pool_children()] == [standby.pid]  # it serves: no other process started
+        with RemotePolicy(reply["url"], timeout=10, api_key="s3cret") as policy:
+            chunk = policy.predict({"state": np.array([0.5, 0.25], np.float32)})
+        np.testing.assert_array_equal(chunk, np.full((1, 3), 0.75, np.float32))
+        # The next server (another contract) is started the usual way.
+        pool.policy_server_for("late_policies:sized", contract_dict(1), worker=0)
+        assert len(pool_children()) == 2 and not standbys()[1:]
+    finally:
+        pool.stop_all()
+    assert not pool_children()
+
+
+def test_an_unused_standby_is_stopped_with_the_run():
+    pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
+    try:
+        assert pool.warm_policy_server()
+        assert standbys()
+    finally:
+        pool.stop_all(timeout=5)
+    assert not pool_children()
+
+
+def test_a_standby_that_died_is_replaced_by_a_server_started_the_usual_way(spec):
+    pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
+    try:
+        assert pool.warm_policy_server()
+        (standby,) = standbys()
+        standby.kill()
+        standby.wait(10)
+        reply = pool.policy_server_for(spec, contract_dict(2), worker=0)
+        with RemotePolicy(reply["url"], timeout=10, api_key="s3cret") as policy:
+            chunk = policy.predict({"state": np.array([1.0, 1.0], np.float32)})
+        np.testing.assert_array_equal(chunk, np.full((1, 2), 2.0, np.float32))
+        (serving,) = pool_children()
+        assert "pytest_hud.standby" not in serving.cmdline()
+    finally:
+        pool.stop_all()
+
+
+def test_a_standby_only_takes_the_module_it_was_started_for(tmp_path):
+    from pytest_hud.launcher import LocalLauncher
+
+    launcher = LocalLauncher(lambda: tmp_path, cwd=str(REPO))
+    try:
+        assert launcher.warm("policy", "pytest_hud.no_such_module", "gc:collect")
+        (standby,) = standbys()
+        service = launcher.launch(["-m", "pytest_hud.agent.server", "--policy", "tests/policykit.py:echo",
+                                   "--port", "0"], "policy server", role="policy",
+                                  env={"PYTEST_HUD_SECRET": "s3cret"}, timeout=60)
+        assert service.pid != standby.pid and not standby.is_running()
+    finally:
+        launcher.close()
+
+
+# ------------------------------------------------------------------------ bridges at declaration
+WAIT_FOR_A_BRIDGE = '''
+import time
+
+import pytest
+
+from pytest_hud.keys import SESSION_KEY
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Before any fixture asks for the sim: a bridge must already be on its way from the declaration.
+    session = item.config.stash[SESSION_KEY]
+    deadline = time.monotonic() + 90
+    while not session.pool_call("bridges"):
+        assert time.monotonic() < deadline, "no bridge started before a test asked for one"
+        time.sleep(0.05)
+'''
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_a_declared_sim_gets_its_bridge_before_a_test_asks(pytester: pytest.Pytester, workers):
+    pytester.makepyfile(test_project=PROJECT, unused_policy=UNUSED)
+    pytester.makeconftest(WAIT_FOR_A_BRIDGE)
+    pytester.makeini("[pytest]\nhud_sim = test_project:cartpole\nhud_policy = test_project:push\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", workers, "--hud-width=2", timeout=200)
+    result.assert_outcomes(passed=4, skipped=1)

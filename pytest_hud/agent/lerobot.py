@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -83,6 +84,22 @@ def looks_like_lerobot_checkpoint(path: str | Path) -> bool:
         return False
     # transformers checkpoints also have config.json + model.safetensors, keyed "model_type".
     return isinstance(config, dict) and isinstance(config.get("type"), str)
+
+
+def offline() -> None:
+    """Keep LeRobot and the Hugging Face libraries off the network (a checkpoint is a local folder),
+    unless the environment says otherwise. Before they are imported: they read it then."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def preload() -> None:
+    """Import what :meth:`LeRobotPolicy.from_checkpoint` imports (torch, torchvision, LeRobot's
+    policy configs and factory: ~3 CPU-seconds), offline. A standby policy server calls it while
+    the run starts (:mod:`pytest_hud.standby`)."""
+    offline()
+    from lerobot.configs.policies import PreTrainedConfig  # noqa: F401
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors  # noqa: F401
 
 
 def lerobot_feature_name(key: str) -> str:

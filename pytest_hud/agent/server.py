@@ -680,8 +680,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.api_key is None and (refusal := key_required_error(args.host)):
         print(f"pytest-hud policy server: {refusal}", file=sys.stderr)  # before loading a model
         return 2
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local folder; never reach out
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from .lerobot import offline
+
+    offline()  # a checkpoint is a local folder; never reach out
     try:
         model = None
         if args.contract_wait:
