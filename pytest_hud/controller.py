@@ -83,7 +83,6 @@ class HudController:
                                                   "policy_hash": self._policy_hash})
         self.provenance = provenance(settings, config.rootpath, list(config.invocation_params.args))
         self.policy_hashes = PolicyHashes()  # each policy's content hash, once per run, off the workers' cores
-        self._bridge_prestarts: set[tuple[str, str, int]] = set()  # (target, build, group) started at a declaration
         self._policy_files = None
         if settings.policy:
             from .agent.model import policy_files
@@ -134,7 +133,8 @@ class HudController:
                  sims: list[list[Any]] = ()) -> int:
         self.pool.add_python_path(python_path)
         self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
-        self.prestart_bridges(sims, worker)
+        for target, build in sims:  # and the bridges of the sims its tests use
+            self.pool.prestart_bridge(target, build, worker)
         for spec, files in (hash_policies or {}).items():  # every episode's record carries its policy's hash
             self.policy_hashes.start(spec, files)
         with self._lock:
@@ -152,7 +152,7 @@ class HudController:
                 }
             return count
 
-    def prestart_named_policy(self, collect_only: bool = False) -> None:
+    def prestart_at_configure(self, collect_only: bool = False) -> None:
         """With ``--hud-policy-server`` and a LeRobot checkpoint named by ``--hud-policy`` on the
         command line (which beats markers and ini): start its servers now, one per replica, before
         the workers even collect, so that the server's imports and load (seconds) overlap pytest's
@@ -191,26 +191,6 @@ class HudController:
                     self.pool.prestart_policy_server(spec, worker)
             except PolicyError:
                 pass  # the test that uses it reports the bad spec
-
-    def prestart_bridges(self, sims: Iterable[list[Any]], worker: int = 0) -> None:
-        """Start the bridges of ``sims`` (``[target, build]`` pairs a worker's tests use) for
-        ``worker``'s group now, each on a thread of its own, instead of when the first test asks
-        (after every worker has collected: a second or more with many workers on few cores). A
-        worker that asks meanwhile waits for the same bridge; a failure reaches it when it asks."""
-        for target, build in sims:
-            key = (str(target), json.dumps(build or {}, sort_keys=True), self.pool.group_of(worker))
-            with self._lock:
-                if key in self._bridge_prestarts:
-                    continue
-                self._bridge_prestarts.add(key)
-            threading.Thread(target=self._prestart_bridge, args=(str(target), dict(build or {}), worker),
-                             name="hud-prestart-bridge", daemon=True).start()
-
-    def _prestart_bridge(self, target: str, build: dict[str, Any], worker: int) -> None:
-        try:
-            self.pool.bridge_for(target, build, worker)
-        except Exception:  # noqa: BLE001 - the worker's own call reports it (or starts it again)
-            pass
 
     def _policy_hash(self, spec: str, files: list[str] | None = None) -> str | None:
         return self.policy_hashes.get(spec, files)

@@ -177,15 +177,11 @@ class LocalLauncher:
         data.setdefault("host", self.host)
         return LocalService(process, data, log)
 
-    def warm(self, role: str, module: str, preload: str | None = None,
-             env: Mapping[str, str] | None = None) -> bool:
+    def warm(self, role: str, module: str, preload: str | None = None) -> bool:
         """Start a standby interpreter (:mod:`pytest_hud.standby`) for ``role``'s next launch of
         ``-m module``: it calls ``preload`` (``module:function``) now, and that launch hands it its
-        arguments instead of starting a process, so the imports overlap the run's start. ``env``:
-        variables the preload needs, unless already set. One standby per role; True if one started."""
-        child_env = dict(os.environ)
-        for key, value in (env or {}).items():
-            child_env.setdefault(key, value)
+        arguments instead of starting a process, so the imports overlap the run's start. One
+        standby per role; True if one started."""
         with self._lock:
             if self._closed or role in self._standby:
                 return False
@@ -193,8 +189,7 @@ class LocalLauncher:
             with open(log, "wb") as log_fh:
                 process = subprocess.Popen(
                     [sys.executable, "-m", "pytest_hud.standby", module, *([preload] if preload else [])],
-                    stdin=subprocess.PIPE, stdout=log_fh, stderr=log_fh, cwd=self.cwd, env=child_env,
-                    start_new_session=True)
+                    stdin=subprocess.PIPE, stdout=log_fh, stderr=log_fh, cwd=self.cwd, start_new_session=True)
             self._children.append(process)
             self._standby[role] = (module, process, log)
             return True
@@ -346,10 +341,9 @@ class StaticLauncher:
         return (f"static endpoints: {len(self.endpoints['bridge'])} bridge(s) from ${BRIDGES_ENV}, "
                 f"{len(self.endpoints['policy'])} policy server(s) from ${POLICY_SERVERS_ENV}")
 
-    def warm(self, role: str, module: str, preload: str | None = None,
-             env: Mapping[str, str] | None = None) -> bool:
+    def warm(self, role: str, module: str, preload: str | None = None) -> bool:
         """A standby for a role started locally (none listed): :meth:`LocalLauncher.warm`."""
-        return False if self.endpoints.get(role) else self.local.warm(role, module, preload, env)
+        return False if self.endpoints.get(role) else self.local.warm(role, module, preload)
 
     def launch(self, cmd: list[str], what: str, *, role: str, env: Mapping[str, str], timeout: float,
                files: Mapping[str, str] | None = None) -> Service:

@@ -165,7 +165,7 @@ def _activate(config: pytest.Config, settings: HudSettings, inputs: RunInputs,
     controller = HudController(config, settings, inputs, secret=secret)
     config.stash[CONTROLLER_KEY] = controller
     config.pluginmanager.register(controller, "hud-controller")
-    controller.prestart_named_policy(collect_only=config.option.collectonly)  # stopped with the controller
+    controller.prestart_at_configure(collect_only=config.option.collectonly)  # stopped with the controller
     config.pluginmanager.register(JunitErrors(config), "hud-junit-errors")
     if xdist_hooks and _has_xdist(config):
         config.pluginmanager.register(XdistHooks(controller), "hud-xdist")

@@ -16,6 +16,7 @@ local child by default, a process on a Ray node (``--hud-ray``), or an already-r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -105,6 +106,7 @@ class SimPool:
         self._servers: dict[tuple, tuple[Service, dict[str, Any]]] = {}
         self._prestarts: dict[tuple[str, int], _Prestart] = {}  # (spec, replica) -> a server awaiting its contract
         self._prestarted = 0
+        self._bridge_prestarts: set[tuple[str, str, int]] = set()  # bridges prestart_bridge started
         #: What the run should be told about its bridges (a --hud-vectorization that did not apply), once each
         self.notes: dict[str, None] = {}
         self._worker_paths: dict[str, None] = {}  # the workers' project import paths (add_python_path)
@@ -120,8 +122,7 @@ class SimPool:
         """The address of the bridge this worker should use, starting or replacing it if needed."""
         if self.attach is not None:
             return self.attach
-        build_key = json.dumps(build or {}, sort_keys=True)
-        key = (target, build_key, self.group_of(worker))
+        key = self._bridge_key(target, build, worker)
         with self._lock:
             if self.closed:
                 raise PoolError("the run is shutting down")
@@ -139,6 +140,27 @@ class SimPool:
                 with self._lock:
                     self._bridges[key] = current
             return current.address
+
+    def _bridge_key(self, target: str, build: dict[str, Any] | None, worker: int) -> tuple[str, str, int]:
+        return target, json.dumps(build or {}, sort_keys=True), self.group_of(worker)
+
+    def prestart_bridge(self, target: str, build: dict[str, Any] | None, worker: int = 0) -> bool:
+        """Start the bridge :meth:`bridge_for` would give ``worker`` now, on a thread of its own, so
+        that it boots while the workers still collect (xdist hands out the first test only once every
+        worker has). A worker that asks meanwhile waits for this same bridge; a failure to start
+        reaches the worker when it asks (:meth:`_once`). Once per bridge; True if started."""
+        key = self._bridge_key(target, build, worker)
+        with self._lock:
+            if self.attach is not None or self.closed or key in self._bridge_prestarts:
+                return False
+            self._bridge_prestarts.add(key)
+
+        def start() -> None:
+            with contextlib.suppress(Exception):  # reported to the worker that asks (or started again)
+                self.bridge_for(target, build, worker)
+
+        threading.Thread(target=start, name="hud-prestart-bridge", daemon=True).start()
+        return True
 
     def _once(self, key: tuple, start: Callable[[], Any]) -> Any:
         """``start()`` the service of ``key`` (its key lock held), unless it already exited on its own

@@ -111,6 +111,10 @@ def pool_children() -> list[psutil.Process]:
             if "pytest_hud.agent.server" in " ".join(p.cmdline())]
 
 
+def standbys() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if "pytest_hud.standby" in " ".join(p.cmdline())]
+
+
 def prestarted(pool: SimPool, spec: str) -> psutil.Process:
     """Prestart ``spec``'s server and return its process once it runs."""
     assert pool.prestart_policy_server(spec, worker=0)
@@ -165,18 +169,23 @@ def test_a_prestart_the_run_ends_during_leaves_no_server_behind(spec):
         assert not pool_children()
 
 
-def test_a_prestarted_server_that_died_is_replaced_by_one_started_the_usual_way(spec):
+@pytest.mark.parametrize("waiting", ["prestarted", "standby"])
+def test_a_waiting_server_that_died_is_replaced_by_one_started_the_usual_way(spec, waiting):
     pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
     try:
-        waiting = prestarted(pool, spec)
-        waiting.kill()  # e.g. the OOM killer, while it imported
-        waiting.wait(10)
+        if waiting == "prestarted":
+            process, mark = prestarted(pool, spec), "--contract-wait"
+        else:
+            assert pool.warm_policy_server()
+            (process,), mark = standbys(), "pytest_hud.standby"
+        process.kill()  # e.g. the OOM killer, while it imported
+        process.wait(10)
         reply = pool.policy_server_for(spec, contract_dict(2), worker=0)
         with RemotePolicy(reply["url"], timeout=10, api_key="s3cret") as policy:
             chunk = policy.predict({"state": np.array([1.0, 1.0], np.float32)})
         np.testing.assert_array_equal(chunk, np.full((1, 2), 2.0, np.float32))
         (serving,) = pool_children()
-        assert "--contract-wait" not in serving.cmdline()
+        assert mark not in serving.cmdline()
     finally:
         pool.stop_all()
 
@@ -273,10 +282,6 @@ def test_the_summary_asks_stuck_bridges_for_their_notes_all_at_once_and_gives_up
 
 
 # ------------------------------------------------------------------------------ the standby
-def standbys() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if "pytest_hud.standby" in " ".join(p.cmdline())]
-
-
 def test_a_standby_becomes_the_first_server_with_the_runs_secret_and_the_workers_import_paths(tmp_path):
     # The policy module is importable only from a path a worker declared after the standby started:
     # the standby's interpreter must take the launch's PYTHONPATH and its secret, not just its arguments.
@@ -309,23 +314,6 @@ def test_an_unused_standby_is_stopped_with_the_run():
     finally:
         pool.stop_all(timeout=5)
     assert not pool_children()
-
-
-def test_a_standby_that_died_is_replaced_by_a_server_started_the_usual_way(spec):
-    pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
-    try:
-        assert pool.warm_policy_server()
-        (standby,) = standbys()
-        standby.kill()
-        standby.wait(10)
-        reply = pool.policy_server_for(spec, contract_dict(2), worker=0)
-        with RemotePolicy(reply["url"], timeout=10, api_key="s3cret") as policy:
-            chunk = policy.predict({"state": np.array([1.0, 1.0], np.float32)})
-        np.testing.assert_array_equal(chunk, np.full((1, 2), 2.0, np.float32))
-        (serving,) = pool_children()
-        assert "pytest_hud.standby" not in serving.cmdline()
-    finally:
-        pool.stop_all()
 
 
 def test_a_standby_only_takes_the_module_it_was_started_for(tmp_path):
