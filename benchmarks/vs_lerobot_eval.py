@@ -17,7 +17,9 @@ episodes, reports):
   with one thread per core each spin-wait against each other on a small machine);
 - ``hud-server``: the same with ``--hud-policy-server`` (one model copy serving all workers with
   batched forwards; workers load no torch), with the default ``--hud-vectorization=auto`` (which
-  puts PushT's 8 envs, a few ms per step, in one process per core);
+  puts PushT's 8 envs, a few ms per step, in one process per core, and the default
+  ``--hud-tick=auto``, which then ticks each env process on its own: lanes), the episodes of a wave
+  starting together and the server's torch on the core the env processes leave it;
 - ``hud-server-sync`` (not run by default): ``hud-server`` with ``--hud-vectorization=sync`` (the
   8 envs stepped one after another in the bridge's process: the default before ``auto``);
 - ``hud-server-async`` (not run by default): ``hud-server`` with ``--hud-vectorization=async``
@@ -36,7 +38,7 @@ episodes, reports):
   suite's marker: the policy server starts at pytest's configure, before the workers boot, instead of
   when the first worker has collected and declared its tests;
 - ``hud-server-ready`` (not run by default): ``hud-server`` with ``--hud-tick=ready``; ``auto`` ticks
-  in lockstep with a policy server (see the README's tick modes);
+  in lanes with a policy server and env processes (see the README's tick modes);
 - ``hud-novideo`` (not run by default): ``hud`` with ``--hud-video=none``;
 - ``lerobot-eval-96``: ``lerobot-eval`` with ``--env.visualization_width=96
   --env.visualization_height=96``, the cheapest videos its CLI allows.

@@ -117,6 +117,11 @@ class SimPool:
     def group_of(self, worker: int) -> int:
         return (worker % self.workers) // max(1, self.spec.width)
 
+    def _sharing(self, group: int) -> int:
+        """How many workers share the bridges of ``group`` (:meth:`group_of`): at most ``width``."""
+        width = max(1, self.spec.width)
+        return max(0, min(width, self.workers - group * width))
+
     def bridge_for(self, target: str, build: dict[str, Any] | None, worker: int = 0,
                    replace_pid: int | None = None) -> BridgeAddress:
         """The address of the bridge this worker should use, starting or replacing it if needed."""
@@ -244,11 +249,34 @@ class SimPool:
         threading.Thread(target=start, name=f"hud-prestart-{self._prestarted}", daemon=True).start()
         return True
 
-    @staticmethod
-    def _server_cmd(spec: str) -> list[str]:
+    def _server_cmd(self, spec: str) -> list[str]:
         # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
         # API key when given none; workers send the secret (session.HudSession.agent).
-        return ["-m", SERVER_MODULE, "--policy", spec, "--port", "0"]
+        threads = self.server_threads()
+        return ["-m", SERVER_MODULE, "--policy", spec, "--port", "0",
+                *(["--threads", str(threads)] if threads else [])]
+
+    def server_threads(self) -> int | None:
+        """Torch threads for a policy server that shares this machine's cores with the bridges' env
+        processes (None: torch's default, one per core).
+
+        With ``processes`` vectorization (or ``auto``, which chooses it for envs of a few ms per step)
+        a bridge runs one env process per core, up to its width, and in lanes mode one lane's forward
+        pass runs while the other lanes step: the server then gets the cores those others leave it
+        (one on a machine with no more cores than slots). A forward on more threads than free cores
+        stalls at every parallel region whose threads wait for a core (on 2 cores, PushT's ACT forward
+        of 4 observations took 41 ms on torch's 2 threads there against 37 ms on one). Not set where
+        ``OMP_NUM_THREADS`` says, or where bridges and servers are not started on this machine.
+        """
+        if "OMP_NUM_THREADS" in os.environ or self.attach is not None or not isinstance(self.launcher, LocalLauncher):
+            return None
+        if self.spec.vectorization not in ("auto", "processes"):
+            return None
+        cores = os.cpu_count() or 1
+        processes = min(cores, self.spec.width)
+        if processes < 2:
+            return None
+        return max(1, cores - processes + 1)
 
     def warm_policy_server(self) -> bool:
         """Start a standby interpreter that imports torch and LeRobot's policy code now and becomes
@@ -325,6 +353,7 @@ class SimPool:
             "--tick", spec.tick,
             "--tick-window", repr(spec.tick_window),
             *(["--batched-policy"] if spec.batched_policy else []),
+            *(["--start-together", str(self._sharing(key[2]))] if spec.batched_policy and self._sharing(key[2]) > 1 else []),
             *(["--io-thread"] if spec.io_thread else []),
             "--build-args", json.dumps(build),
             "--claim-timeout", str(spec.claim_timeout),

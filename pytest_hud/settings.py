@@ -55,10 +55,12 @@ OPTIONS: dict[str, Option] = {
                             "block of slots) or threads (one thread per core; only for envs safe on threads, "
                             "see --check-threads)", ("auto", "sync", "async", "processes", "threads")),
     "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
-                   "(the slots whose actions are in; independent envs only) or auto (lockstep with "
-                   "--hud-policy-server and parallel vectorization, so its batches fill; else ready where "
-                   "the sim supports it)",
-                   ("auto", "lockstep", "ready")),
+                   "(the slots whose actions are in; independent envs only), lanes (each env process in "
+                   "lockstep on its own, while the others step; processes vectorization only) or auto "
+                   "(with --hud-policy-server and parallel vectorization: lanes where the envs run in "
+                   "processes, else lockstep, so the server's batches fill; else ready where the sim "
+                   "supports it)",
+                   ("auto", "lockstep", "ready", "lanes")),
     "tick_window": Option(float, 0.001, "Ready mode: seconds a tick waits for more actions after the first one arrives"),
     "io_thread": Option(bool, False, "Bridges serve their sockets on a thread apart from the sim's: they keep "
                         "answering while one sim call runs for many seconds, at more CPU per step"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -377,12 +378,19 @@ def test_a_claim_during_a_running_wave_waits_for_its_end(bridge):
         assert not thread.is_alive() and errors == []
 
 
-def test_ready_mode_runs_an_episode_while_a_peer_is_silent(bridge):
-    address = bridge("Pendulum-v1", 2)  # one env per slot: auto picks ready
+@pytest.mark.parametrize("args, tick", [
+    ((), "ready"),  # one env per slot: auto picks ready
+    (("--vectorization", "processes", "--tick", "lanes"), "lanes"),  # one env process per slot here
+    (("--vectorization", "processes", "--tick", "lanes", "--io-thread"), "lanes"),
+], ids=["ready", "lanes", "lanes-io-thread"])
+def test_an_episode_runs_while_a_peer_is_silent_in_ready_and_lanes_modes(bridge, args, tick):
+    if tick == "lanes" and (os.cpu_count() or 1) < 2:
+        pytest.skip("lanes need two env processes, one per core")
+    address = bridge("Pendulum-v1", 2, *args)
     env = gym.make("Pendulum-v1")
     expected = [env.reset(seed=8)[0]] + [env.step(np.float32([0.5]))[0] for _ in range(5)]
     with ControlClient(address) as a, ControlClient(address) as b:
-        assert a.stats()["tick"] == "ready"
+        assert a.stats()["tick"] == tick
         silent, quick = a.reset(seed=1), b.reset(seed=8)
         with SlotClient(address, silent.token) as warming_up, \
                 SlotClient(address, quick.token, recv_timeout=20) as ws:
@@ -393,7 +401,55 @@ def test_ready_mode_runs_an_episode_while_a_peer_is_silent(bridge):
             stats = b.stats()
             assert stats["slot_steps"] == stats["env_steps"] == 5  # the silent slot was never stepped
             warming_up.step(np.float32([0.0]))
-        assert b.result(quick.token)["steps"] == 5 and a.result(silent.token)["steps"] == 1
+            for _ in range(3):  # both step now
+                ws.step(np.float32([0.5]))
+                warming_up.step(np.float32([0.0]))
+        assert b.result(quick.token)["steps"] == 8 and a.result(silent.token)["steps"] == 4
+        again = a.reset(seed=8)  # a reset after those steps (lanes: the env processes' pipes are in order)
+        with SlotClient(address, again.token, recv_timeout=20) as ws:
+            np.testing.assert_array_equal(ws.first_observation["state"], expected[0])
+            np.testing.assert_array_equal(ws.step(np.float32([0.5]))["state"], expected[1])
+        a.result(again.token)
+
+
+def test_start_together_holds_a_first_observation_until_the_peer_starts_or_the_window_closes(bridge):
+    address = bridge("Pendulum-v1", 2, "--start-together", "2", "--start-window", "60")
+    env = gym.make("Pendulum-v1")
+    first = {seed: env.reset(seed=seed)[0] for seed in (1, 2)}
+    with ControlClient(address) as a, ControlClient(address) as b:
+        assert a.stats()["start_together"] == 2
+        early = a.reset(seed=1)
+        got: dict[int, np.ndarray] = {}
+
+        def connect(token: str, seed: int) -> None:
+            with SlotClient(address, token, recv_timeout=20) as ws:
+                got[seed] = ws.first_observation["state"]
+                ws.step(np.float32([0.0]))
+
+        thread = threading.Thread(target=connect, args=(early.token, 1))
+        thread.start()
+        deadline = time.monotonic() + 20
+        while b.stats()["starts_held"] != 1:  # reset, and held back: its peer has not started
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.02)
+        assert got == {}
+        connect(b.reset(seed=2).token, 2)  # the second start releases both
+        thread.join(20)
+        assert not thread.is_alive() and got.keys() == {1, 2}
+        for seed in (1, 2):
+            np.testing.assert_array_equal(got[seed], first[seed])
+    alone = bridge("Pendulum-v1", 2, "--start-together", "2", "--start-window", "0.2")
+    with ControlClient(alone) as c:  # nobody joins: the window starts it
+        with SlotClient(alone, c.reset(seed=1).token, recv_timeout=20) as ws:
+            np.testing.assert_array_equal(ws.first_observation["state"], first[1])
+        assert c.stats()["starts_held"] == 0
+
+
+def test_lanes_mode_is_refused_on_a_one_process_sim_with_the_fix():
+    out = subprocess.run([sys.executable, "-m", "pytest_hud.sim", "Pendulum-v1", "--width", "2",
+                          "--vectorization", "sync", "--tick", "lanes"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "tick mode 'lanes' needs a sim whose slots step in several processes at once" in out.stderr
 
 
 def test_ready_mode_is_refused_on_a_natively_batched_sim_with_the_fix():

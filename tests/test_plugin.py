@@ -213,6 +213,11 @@ def test_per_episode_results_are_identical_under_any_workers_width_tick_mode_and
         "n4w4-ready": ["-n", "4", "--hud-width=4", "--hud-tick=ready", "--hud-tick-window=0"],
         "n2w4-threads": ["-n", "2", "--hud-width=4", "--hud-vectorization=threads"],
         "n4w3-processes": ["-n", "4", "--hud-width=3", "--hud-vectorization=processes"],
+        **({"n4w4-processes-lanes": ["-n", "4", "--hud-width=4", "--hud-vectorization=processes", "--hud-tick=lanes"]}
+           if default_threads(4) > 1 else {}),  # lanes: one env process per core, two or more
+        # a batching policy server: processes tick in lanes (where there are two cores), starts held together
+        "n4w4-server-processes": ["-n", "4", "--hud-width=4", "--hud-vectorization=processes",
+                                  "--hud-policy-server"],
         "n0w3-threads-lockstep": ["-p", "no:xdist", "--hud-width=3", "--hud-vectorization=threads",
                                   "--hud-tick=lockstep"],
     }
@@ -245,8 +250,9 @@ def test_tick(shared_sim, request):
     parallel = (request.config.getoption("hud_vectorization") in ("processes", "threads")
                 and default_threads(width) > 1)  # the slots step in parallel lanes
     if asked == "auto" and request.config.getoption("hud_policy_server") and parallel:
-        asked = "lockstep"  # slots in step ask the batching policy server together
-    assert shared_sim.stats()["tick"] == {"auto": "ready", "lockstep": "lockstep"}[asked]
+        # slots in step ask the batching policy server together; env processes each on their own
+        asked = "lanes" if request.config.getoption("hud_vectorization") == "processes" else "lockstep"
+    assert shared_sim.stats()["tick"] == {"auto": "ready", "lockstep": "lockstep", "lanes": "lanes"}[asked]
 '''
 
 
@@ -265,7 +271,12 @@ def test_the_tick_mode_reaches_the_bridge_and_an_impossible_one_is_refused(proje
                                   "sim steps all its slots in one batched call; use --hud-tick=auto*"])
     usage = run(project, "--hud-tick=fast")
     assert usage.ret == pytest.ExitCode.USAGE_ERROR
-    usage.stderr.fnmatch_lines(["*--hud-tick must be auto, lockstep or ready, got 'fast'*"])
+    usage.stderr.fnmatch_lines(["*--hud-tick must be auto, lockstep, ready or lanes, got 'fast'*"])
+    lanes = run(project, "-p", "no:xdist", "test_tick.py", "--hud-width=2", "--hud-vectorization=sync",
+                "--hud-tick=lanes")
+    lanes.assert_outcomes(errors=1)
+    lanes.stdout.fnmatch_lines(["*tick mode 'lanes' needs a sim whose slots step in several processes at once; "
+                                "use --hud-vectorization=processes*"])
 
 
 def test_a_vectorization_that_does_not_apply_to_a_bridge_is_a_note_in_the_summary(project):

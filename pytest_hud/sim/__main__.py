@@ -26,7 +26,7 @@ import threading
 from ..announce import parent_alive, write_announce
 from .mainthread import InlineExecutor, MainThreadExecutor
 from .engine import DEFAULT_TICK_WINDOW, TICK_MODES, resolve_tick
-from .server import BridgeServer, Timeouts
+from .server import DEFAULT_START_WINDOW, BridgeServer, Timeouts
 from .target import TargetError, load_sim
 
 SECRET_ENV = "PYTEST_HUD_SECRET"
@@ -77,13 +77,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hold", choices=("zeros", "repeat"), default="zeros",
                    help="Action given to free, finished and disconnected slots")
     p.add_argument("--tick", choices=TICK_MODES, default="auto",
-                   help="auto: ready where the slots are independent envs, else lockstep (and lockstep with "
-                        "--batched-policy when the slots step in parallel); lockstep: step when every "
-                        "episode has acted; ready: step the slots whose actions are in")
+                   help="auto: ready where the slots are independent envs, else lockstep (and, with "
+                        "--batched-policy when the slots step in parallel, lanes for processes, else "
+                        "lockstep); lockstep: step when every episode has acted; ready: step the slots "
+                        "whose actions are in; lanes: each env process steps when all of its own "
+                        "episodes have acted, while the others step")
     p.add_argument("--batched-policy", action="store_true",
                    help="The episodes' actions come from one batching policy server (pytest's "
-                        "--hud-policy-server): --tick auto then steps parallel slots in lockstep, so that "
-                        "the server's batches fill")
+                        "--hud-policy-server): --tick auto then steps parallel slots in lockstep (each "
+                        "env process on its own: lanes), so that the server's batches fill")
+    p.add_argument("--start-together", type=int, default=0, metavar="N",
+                   help="Hold each new episode's first observation until it and the running episodes are N "
+                        "(the agents sharing this bridge), or --start-window seconds have passed: episodes "
+                        "that start together ask a batching policy server together (0: start at once)")
+    p.add_argument("--start-window", type=float, default=DEFAULT_START_WINDOW,
+                   help="Seconds a held episode waits for the others (--start-together)")
     p.add_argument("--tick-window", type=float, default=DEFAULT_TICK_WINDOW,
                    help="Ready mode: seconds a tick waits for more actions after the first one arrives")
     p.add_argument("--io-thread", action="store_true",
@@ -150,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
             contract.save(args.save_contract)
         if not args.tick_window >= 0:
             raise ValueError(f"--tick-window must be a non-negative number of seconds, got {args.tick_window}")
+        if args.start_together < 0 or not args.start_window >= 0:
+            raise ValueError(f"--start-together must be >= 0 and --start-window a non-negative number of seconds, "
+                             f"got {args.start_together} and {args.start_window}")
         parallel = sim.lanes is not None and len(set(sim.lanes)) > 1
         tick = resolve_tick(args.tick, slot_step=sim.supports_slot_step, slot_reset=sim.supports_slot_reset,
-                            batched_parallel=args.batched_policy and parallel)
+                            batched_parallel=args.batched_policy and parallel, lane_ticks=sim.supports_lane_ticks)
     except (TargetError, ValueError) as exc:
         print(f"pytest-hud bridge: {exc}", file=sys.stderr)
         return 2
@@ -171,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         target=args.target,
         tick=tick,
         tick_window=args.tick_window,
+        start_together=args.start_together,
+        start_window=args.start_window,
         call=executor.call_to,
     )
     serving = _serve_on_thread(server, executor, loop, args) if args.io_thread else _serve_here(server, loop, args)

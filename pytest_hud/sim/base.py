@@ -94,6 +94,10 @@ class VectorSim:
     #: Which parallel lane (process, thread) steps each slot, when slots step in parallel; claims
     #: then go to the least busy lane first, so that a few episodes do not share one lane.
     lanes: tuple[int, ...] | None = None
+    #: The sim can step one lane's slots while another lane's step is under way (``--hud-tick=lanes``):
+    #: it has :meth:`lane_begin`, :meth:`lane_fileno` and :meth:`lane_end`
+    #: (:class:`~pytest_hud.sim.processes.ProcessSim`).
+    supports_lane_ticks: bool = False
 
     def __init__(self, width: int) -> None:
         self.width = int(width)

@@ -7,7 +7,7 @@ only moves bytes (sockets, codec) and runs the sim calls the engine plans, on th
 is passed in (``now``: seconds on a monotonic clock), so every rule, timeouts included, is testable
 with plain function calls and a fake batch.
 
-Tick rules (DESIGN §6). A bridge ticks in one of two modes (:func:`resolve_tick` picks it):
+Tick rules (DESIGN §6). A bridge ticks in one of three modes (:func:`resolve_tick` picks it):
 
 - **lockstep** (natively batched sims, and any sim that cannot step a subset of its slots): step
   when every LIVE slot has sent an action; every other slot gets the hold action (zeros, or its last
@@ -21,9 +21,22 @@ Tick rules (DESIGN §6). A bridge ticks in one of two modes (:func:`resolve_tick
   after the first pending action arrived, whichever comes first. Nothing else is stepped (no holds,
   no parking), so a slow policy never sets its peers' pace and an episode's steps are the same as
   under lockstep;
+- **lanes** (sims whose slots are independent envs spread over processes that step at the same
+  time: ``VectorSim.supports_lane_ticks``): each lane (process) ticks in lockstep on its own, when
+  every LIVE slot of that lane has acted, while other lanes' steps are under way. Only the LIVE
+  slots of the lane are stepped (no holds, no parking, as in ready mode). Slots of a lane still
+  act together, so a batching policy server still gets their requests together, and one lane's
+  forward pass overlaps the other lanes' sim steps;
 - never step when no slot is LIVE;
 - a bad action fails that slot only; a sim exception fails the slots that acted and breaks the bridge;
 - a slot silent past its deadline (first action, then each step) is failed; its peers continue.
+
+Starting together (``start_together``, for a batching policy server): an episode whose slot was
+reset does not get its first observation until it and the LIVE episodes are ``start_together``
+(the workers that share the bridge), or until the server's window runs out. Episodes that start
+on the same tick ask the policy server for their action chunks on the same ticks, so its batches
+stay full; started a few ticks apart, each group of them needs a forward pass of its own, and a
+lockstep tick waits for every one.
 
 Wave mode (sims that reset all slots at once): claims gather until the next global reset; once a
 wave is planned, a new claim waits until every episode of that wave is over, because the next global
@@ -52,37 +65,49 @@ from .slots import Slot, SlotState
 __all__ = ["TICK_MODES", "DEFAULT_TICK_WINDOW", "Timeouts", "Handshake", "ResetPlan", "TickPlan", "BridgeEngine", "resolve_tick"]
 
 #: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the other two.
-TICK_MODES = ("auto", "lockstep", "ready")
+TICK_MODES = ("auto", "lockstep", "ready", "lanes")
 #: Ready mode's default window (seconds): long enough that agents answering one tick's frames
 #: together land in one step, short next to a policy's milliseconds (``benchmarks/stragglers.py``).
 DEFAULT_TICK_WINDOW = 0.001
 
 
-def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool, batched_parallel: bool = False) -> str:
+def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool, batched_parallel: bool = False,
+                 lane_ticks: bool = False) -> str:
     """The tick mode a bridge runs: ``auto`` is ``ready`` where the sim can step and reset its slots
-    one by one, else ``lockstep``. Raises ValueError for an unknown mode or ``ready`` on a sim that
-    cannot do it.
+    one by one, else ``lockstep``. Raises ValueError for an unknown mode, or ``ready`` or ``lanes``
+    on a sim that cannot do it.
 
     ``batched_parallel``: a batching policy server answers the episodes and the sim steps its slots
-    in parallel (processes, threads). ``auto`` is then ``lockstep``: a tick costs about one env's
-    step, and slots stepped together ask the server together, so its batches fill (in ready mode
-    the slots drift apart and each asks alone). A one-thread bridge is better left to ready mode,
-    where the sim steps some slots while others wait for the server.
+    in parallel (processes, threads). ``auto`` is then ``lanes`` where the sim can tick its lanes
+    apart (``lane_ticks``: processes), else ``lockstep``: slots stepped together ask the server
+    together, so its batches fill (in ready mode the slots drift apart and each asks alone), and
+    with lanes one process's slots wait for their forward pass while another's step. A one-thread
+    bridge is better left to ready mode, where the sim steps some slots while others wait for the
+    server.
 
     >>> resolve_tick("auto", slot_step=True, slot_reset=True), resolve_tick("auto", slot_step=False, slot_reset=True)
     ('ready', 'lockstep')
+    >>> resolve_tick("auto", slot_step=True, slot_reset=True, batched_parallel=True, lane_ticks=True)
+    'lanes'
     """
     if requested not in TICK_MODES:
-        raise ValueError(f"tick mode must be auto, lockstep or ready, got {requested!r} (--hud-tick)")
+        raise ValueError(f"tick mode must be auto, lockstep, ready or lanes, got {requested!r} (--hud-tick)")
     can_ready = slot_step and slot_reset
     if requested == "auto":
-        return "ready" if can_ready and not batched_parallel else "lockstep"
-    if requested == "ready" and not can_ready:
+        if can_ready and batched_parallel:
+            return "lanes" if lane_ticks else "lockstep"
+        return "ready" if can_ready else "lockstep"
+    if requested in ("ready", "lanes") and not can_ready:
         why = ("steps all its slots in one batched call" if not slot_step
                else "can only reset all its slots at once")
         raise ValueError(
-            f"tick mode 'ready' needs a sim whose slots are independent envs, but this sim {why}; "
+            f"tick mode {requested!r} needs a sim whose slots are independent envs, but this sim {why}; "
             "use --hud-tick=auto or --hud-tick=lockstep (a bridge started by hand: --tick)")
+    if requested == "lanes" and not lane_ticks:
+        raise ValueError(
+            "tick mode 'lanes' needs a sim whose slots step in several processes at once; use "
+            "--hud-vectorization=processes with a width of 2 or more on a machine with 2 or more cores, "
+            "or --hud-tick=ready (a bridge started by hand: --vectorization processes, --tick)")
     return requested
 
 
@@ -126,6 +151,8 @@ class TickPlan:
     park: list[int]
     acting: list[tuple[Slot, str | None, Any]]  # (slot, its token, its action) when planned
     mask: np.ndarray | None = None
+    lane: int | None = None  # lanes mode: the lane this step belongs to
+    started: float = 0.0  # lanes mode: when the bridge began the step
 
 
 class BridgeEngine:
@@ -135,24 +162,34 @@ class BridgeEngine:
                  wave: bool = False, timeouts: Timeouts | None = None,
                  build_args: dict[str, Any] | None = None, tick: str = "lockstep",
                  tick_window: float = DEFAULT_TICK_WINDOW, tasks: tuple[str, ...] = (),
-                 lanes: tuple[int, ...] | None = None) -> None:
+                 lanes: tuple[int, ...] | None = None, start_together: int = 0) -> None:
         if width < 1:
             raise ValueError(f"width must be at least 1, got {width}")
         if hold not in ("zeros", "repeat"):
             raise ValueError(f"hold must be 'zeros' or 'repeat', got {hold!r}")
-        if tick not in ("lockstep", "ready"):
-            raise ValueError(f"tick must be 'lockstep' or 'ready' (resolve 'auto' first), got {tick!r}")
-        if tick == "ready" and wave:
-            raise ValueError("tick mode 'ready' needs per-slot resets; a wave bridge ticks in lockstep")
+        if tick not in ("lockstep", "ready", "lanes"):
+            raise ValueError(f"tick must be 'lockstep', 'ready' or 'lanes' (resolve 'auto' first), got {tick!r}")
+        if tick != "lockstep" and wave:
+            raise ValueError(f"tick mode {tick!r} needs per-slot resets; a wave bridge ticks in lockstep")
+        if tick == "lanes" and lanes is None:
+            raise ValueError("tick mode 'lanes' needs the lane of each slot")
         if not tick_window >= 0:
             raise ValueError(f"tick_window must be a non-negative number of seconds, got {tick_window!r}")
+        if isinstance(start_together, bool) or not isinstance(start_together, int) or start_together < 0:
+            raise ValueError(f"start_together must be a whole number of episodes >= 0, got {start_together!r}")
         if lanes is not None and len(lanes) != width:
             raise ValueError(f"lanes names {len(lanes)} slots, the bridge has {width}")
         self.slots = [Slot(i) for i in range(width)]
+        self.start_together = min(start_together, width)  # 0 or 1: every episode starts at once
         self.lanes = lanes  # the parallel lane of each slot (None: slots step one after another)
         self.contract, self.hold, self.wave = contract, hold, wave
         self.tick, self.tick_window = tick, float(tick_window)
         self._ready = tick == "ready"
+        #: lanes mode: each lane's slots, in slot order
+        self.lane_slots: dict[int, list[Slot]] = {}
+        if tick == "lanes":
+            for slot in self.slots:
+                self.lane_slots.setdefault(lanes[slot.index], []).append(slot)  # type: ignore[index]
         self._wave_resetting = False  # a wave reset is planned and not applied yet
         self.timeouts = timeouts or Timeouts()
         self.build_args = dict(build_args or {})
@@ -395,6 +432,15 @@ class BridgeEngine:
         slot.deadline, slot.awaiting = now + self.timeouts.first_action, "first action"
         return _frame(obs, 0.0, False, False, False)
 
+    def starts_now(self, waiting: int) -> bool:
+        """Whether the ``waiting`` episodes (their slots reset, their first observations held back)
+        start now: at once unless ``start_together`` is 2 or more, else once they and the LIVE
+        episodes are that many. (The caller also starts them when its window runs out.)"""
+        if self.start_together <= 1:
+            return True
+        live = SlotState.LIVE
+        return waiting + sum(1 for s in self.slots if s.state is live) >= self.start_together
+
     def submit_action(self, slot: Slot, action_frame: Any, now: float = 0.0) -> None:
         """Queue a LIVE slot's decoded action frame, which arrived at ``now``; a bad one fails that
         slot (raises :class:`BadAction`). In ready mode ``now`` opens the tick window."""
@@ -504,6 +550,27 @@ class BridgeEngine:
             else:
                 actions[s.index] = self._hold_action
         return TickPlan(actions, park, acting)
+
+    def plan_lane(self, lane: int) -> TickPlan | None:
+        """Lanes mode: the step of ``lane``'s LIVE slots once every one of them has acted, else None.
+        The caller keeps a lane from being planned again while its step is under way."""
+        if self.broken:
+            return None
+        live, acting = SlotState.LIVE, []
+        for s in self.lane_slots[lane]:
+            if s.state is live:
+                if s.pending_action is None:
+                    return None
+                acting.append((s, s.token, s.pending_action))
+        if not acting:
+            return None
+        actions = np.empty(self._batch_shape, self._hold_action.dtype)
+        actions[...] = self._hold_action  # keeps the batch well-formed; only ``mask`` is stepped
+        mask = np.zeros(len(self.slots), bool)
+        for s, _, action in acting:
+            actions[s.index] = action
+            mask[s.index] = True
+        return TickPlan(actions, [], acting, mask, lane)
 
     def apply_batch(self, plan: TickPlan, batch: Any, obs: dict[str, np.ndarray],
                     now: float, pack: Callable[..., Any] | None = None) -> list[tuple[int, Any]]:

@@ -158,6 +158,8 @@ class ProcessSim(VectorSim):
         for block, hello in zip(self._blocks, hellos):
             block.stats = hello[5]
         self.lanes = tuple(k for k, block in enumerate(self._blocks) for _ in range(block.start, block.stop))
+        self.supports_lane_ticks = self.supports_slot_step and len(self._blocks) > 1
+        self._in_flight: set[int] = set()  # lanes whose step was begun and not yet ended
 
     def contract(self) -> Contract:
         return self._contract
@@ -182,6 +184,7 @@ class ProcessSim(VectorSim):
     def reset_slots(self, indices: Sequence[int], seeds: Sequence[int | None],
                     options: Sequence[Mapping[str, Any] | None],
                     tasks: Sequence[str | None] | None = None) -> np.ndarray:
+        self._idle("reset")
         shares = []  # (block, positions in ``indices`` of its slots)
         for block in self._blocks:
             ns = [n for n, slot in enumerate(indices) if block.start <= slot < block.stop]
@@ -197,17 +200,46 @@ class ProcessSim(VectorSim):
         return flags
 
     def step(self, actions: np.ndarray) -> StepBatch:
+        self._idle("step")
         for block in self._blocks:
             block.send("step", actions[block.start:block.stop])
         return self._batch(self._blocks, self._gather(self._blocks))
 
     def step_slots(self, actions: np.ndarray, mask: np.ndarray) -> StepBatch:
+        self._idle("step_slots")
         if not self.supports_slot_step:
             raise NotImplementedError("only a SyncVectorEnv with autoreset disabled steps a subset of slots")
         blocks = [b for b in self._blocks if mask[b.start:b.stop].any()]
         for block in blocks:
             block.send("step_slots", actions[block.start:block.stop], mask[block.start:block.stop])
         return self._batch(blocks, self._gather(blocks))
+
+    # Lane ticks (``--hud-tick=lanes``): a block's step is sent, and its answer read once the pipe is
+    # readable, while other blocks' steps are under way. A block has at most one call in flight.
+    def lane_begin(self, lane: int, actions: np.ndarray, mask: np.ndarray) -> None:
+        """Start stepping the slots of block ``lane`` where ``mask`` is True; returns at once."""
+        block = self._blocks[lane]
+        if lane in self._in_flight:
+            raise RuntimeError(f"the env process of {block.slots} is already stepping")
+        if not self.supports_slot_step:
+            raise NotImplementedError("only a sim of independent envs steps its processes one by one")
+        block.send("step_slots", actions[block.start:block.stop], mask[block.start:block.stop])
+        self._in_flight.add(lane)
+
+    def lane_fileno(self, lane: int) -> int:
+        """The file descriptor that becomes readable when block ``lane``'s step has answered."""
+        return self._blocks[lane].conn.fileno()
+
+    def lane_end(self, lane: int) -> tuple[StepBatch, dict[str, np.ndarray]]:
+        """Block ``lane``'s step (begun by :meth:`lane_begin`): the ``[N]`` batch (other rows zero)
+        and :meth:`observe`, whose rows of this block are now its observations."""
+        block = self._blocks[lane]
+        self._in_flight.discard(lane)
+        return self._batch([block], self._gather([block])), self._obs
+
+    def _idle(self, call: str) -> None:
+        if self._in_flight:
+            raise RuntimeError(f"{call} while a lane step is under way (block {sorted(self._in_flight)})")
 
     def _batch(self, blocks: list[_Block], answers: list[Any]) -> StepBatch:
         n = self.width

@@ -26,6 +26,11 @@ from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, packb, rows_packer, unpack_action, unpackb
 from .base import VectorSim, sim_stats, stepping_hint
 from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
+
+#: How long a held episode waits for the others to start with it (``--start-together``): about the
+#: spread of a wave's starts on a busy machine (the workers encode videos and write reports between
+#: episodes), and short next to an episode.
+DEFAULT_START_WINDOW = 0.5
 from .failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
 from .slots import Slot, SlotState
 from .threads import default_threads
@@ -56,6 +61,8 @@ class BridgeServer:
         wave_gather_s: float = 0.05,
         tick: str = "auto",
         tick_window: float = DEFAULT_TICK_WINDOW,
+        start_together: int = 0,
+        start_window: float = DEFAULT_START_WINDOW,
         call: Callable[..., None],
     ) -> None:
         self.sim = sim
@@ -66,15 +73,20 @@ class BridgeServer:
         self.target = target
         self.contract = sim.contract()
         self.contract_dict = self.contract.to_dict()
-        tick = resolve_tick(tick, slot_step=sim.supports_slot_step, slot_reset=sim.supports_slot_reset)
+        tick = resolve_tick(tick, slot_step=sim.supports_slot_step, slot_reset=sim.supports_slot_reset,
+                            lane_ticks=sim.supports_lane_ticks)
         self.engine = BridgeEngine(sim.width, self.contract, sim.hold_action(), hold=hold,
                                    wave=not sim.supports_slot_reset, timeouts=timeouts,
                                    build_args=build_args, tick=tick, tick_window=tick_window,
                                    tasks=tuple(getattr(sim, "tasks", ()) or ()),
-                                   lanes=getattr(sim, "lanes", None))
+                                   lanes=getattr(sim, "lanes", None), start_together=start_together)
+        self._start_window = start_window
+        self._held: list[tuple[WsConnection, _Peer]] = []  # reset, first observation held back (start together)
+        self._held_timer: asyncio.TimerHandle | None = None
         self.started = time.monotonic()
         self._wave_gather_s = wave_gather_s
-        self._sim_gate = _SimGate()
+        self._sim_gate = _SimGate(on_free=self._maybe_tick if self.engine.lane_slots else None)
+        self._lanes_busy: set[int] = set()  # lanes mode: lanes whose step is under way
         self._slot_changed = asyncio.Condition()
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
         self._sockets: dict[int, WsConnection] = {}  # slot index -> its agent's socket
@@ -155,6 +167,8 @@ class BridgeServer:
             "slots": engine.snapshot(),
             "wave": engine.wave,
             "tick": engine.tick,
+            "start_together": engine.start_together,
+            "starts_held": len(self._held),
             "vectorization": self.sim.vectorization,
             "tasks": list(engine.tasks),
             "sim": sim_stats(self.sim),
@@ -332,8 +346,23 @@ class BridgeServer:
             if peer.closed:
                 self.ws_closed(conn)
             return
-        peer.binding = False
-        self._start_slot(conn, peer)
+        # still ``binding`` while held: a hang-up or early frame waits for _start_slot, as during the reset
+        self._held.append((conn, peer))
+        waiting = sum(1 for _, p in self._held if not p.closed and p.slot is not None and p.slot.token == p.token)
+        if self.engine.starts_now(waiting):
+            self._start_held()
+        elif self._held_timer is None:
+            self._held_timer = asyncio.get_running_loop().call_later(self._start_window, self._start_held)
+
+    def _start_held(self) -> None:
+        """Start every held episode: they and the LIVE ones are enough, or the window ran out."""
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        held, self._held = self._held, []
+        for conn, peer in held:
+            peer.binding = False
+            self._start_slot(conn, peer)
 
     def _start_slot(self, conn: WsConnection, peer: _Peer) -> None:
         slot = peer.slot
@@ -379,7 +408,9 @@ class BridgeServer:
             self._maybe_tick()
             self._end_conn(conn, peer, failure)
             return
-        if not self._ticking:
+        if engine.lane_slots:
+            self._tick_lane(engine.lanes[slot.index])  # type: ignore[union-attr, index]
+        elif not self._ticking:
             if engine.ready_to_step(now):
                 self._tick_start()  # the last slot to act starts the tick itself
             else:
@@ -419,6 +450,10 @@ class BridgeServer:
 
     # ------------------------------------------------------------------ tick
     def _maybe_tick(self) -> None:
+        if self.engine.lane_slots:
+            for lane in self.engine.lane_slots:
+                self._tick_lane(lane)
+            return
         if self._ticking:
             return
         if self.engine.ready_to_step(time.monotonic()):
@@ -478,23 +513,68 @@ class BridgeServer:
         self._ticked_until = time.monotonic()
         self.step_s += self._ticked_until - self._step_started
         try:
-            if error is not None:
-                why = _explain("".join(traceback.format_exception(error)))
-                for i, failure in self.engine.step_failed(plan, why):
-                    conn = self._sockets.get(i)
-                    if conn is not None:
-                        _fail(conn, failure)
-                return
-            batch, obs = result
-            # packed before the gate opens: ``obs`` may be the sim's own buffers, which its next call reuses
-            sockets = self._sockets
-            for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic(), rows_packer):
-                conn = sockets.get(i)
-                if conn is not None:
-                    conn.send(frame)
+            self._deliver(plan, result, error)
         finally:
             self._sim_gate.release()
             self._ticking = False
+        self._arm_deadline()
+        self._maybe_tick()
+
+    def _deliver(self, plan: Any, result: Any, error: BaseException | None) -> None:
+        """A step's outcome to its slots: each one's observation frame, or the sim's failure."""
+        if error is not None:
+            why = _explain("".join(traceback.format_exception(error)))
+            for i, failure in self.engine.step_failed(plan, why):
+                conn = self._sockets.get(i)
+                if conn is not None:
+                    _fail(conn, failure)
+            return
+        batch, obs = result
+        # packed before the gate opens: ``obs`` may be the sim's own buffers, which its next call reuses
+        sockets = self._sockets
+        for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic(), rows_packer):
+            conn = sockets.get(i)
+            if conn is not None:
+                conn.send(frame)
+
+    # ------------------------------------------------------------- lanes mode
+    # Each lane's step is begun on the sim's thread (the actions go down its process's pipe), its
+    # pipe is watched by the loop, and its answer is read on the sim's thread once there: steps of
+    # several lanes are under way at once. A reset takes the sim gate whole, so it waits for the
+    # steps under way and no lane starts another until it is done (then ``on_free`` ticks again).
+    def _tick_lane(self, lane: int) -> None:
+        if lane in self._lanes_busy:
+            return
+        plan = self.engine.plan_lane(lane)
+        if plan is None or not self._sim_gate.try_share():
+            return
+        self._lanes_busy.add(lane)
+        if not self._ticked_from:
+            self._ticked_from = time.monotonic()
+        self._call(self._lane_sent, plan, self.sim.lane_begin, lane, plan.actions, plan.mask)  # type: ignore[attr-defined]
+
+    def _lane_sent(self, plan: Any, result: Any, error: BaseException | None) -> None:
+        if error is not None:
+            self._lane_done(plan, None, error)
+            return
+        plan.started = time.monotonic()  # (the step's time: step_s)
+        fd = self.sim.lane_fileno(plan.lane)  # type: ignore[attr-defined]
+        asyncio.get_running_loop().add_reader(fd, self._lane_readable, plan, fd)
+
+    def _lane_readable(self, plan: Any, fd: int) -> None:
+        asyncio.get_running_loop().remove_reader(fd)
+        os.set_blocking(fd, True)  # uvloop's reader made it non-blocking; the pipe's reads and writes block
+        self._call(self._lane_done, plan, self.sim.lane_end, plan.lane)  # type: ignore[attr-defined]
+
+    def _lane_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
+        self._ticked_until = time.monotonic()
+        self.step_s += self._ticked_until - (plan.started or self._ticked_until)
+        try:
+            if error is not None or not self.engine.broken:  # (another lane's step broke it meanwhile: dropped)
+                self._deliver(plan, result, error)
+        finally:
+            self._lanes_busy.discard(plan.lane)
+            self._sim_gate.release_share()
         self._arm_deadline()
         self._maybe_tick()
 
@@ -520,17 +600,36 @@ class _Peer:
 
 class _SimGate:
     """One sim call sequence at a time, in arrival order (what ``asyncio.Lock`` does), plus
-    :meth:`try_take` for the tick's synchronous path."""
+    :meth:`try_take` for the tick's synchronous path.
 
-    def __init__(self) -> None:
+    Lanes mode: lane steps *share* the gate (:meth:`try_share`, :meth:`release_share`), any number
+    at once, while nobody holds it or waits for it whole; a holder waits until the shares are
+    back. ``on_free`` is called when the gate becomes free after a whole hold, so that lanes whose
+    actions came in meanwhile start.
+    """
+
+    def __init__(self, on_free: Callable[[], None] | None = None) -> None:
         self._busy = False
+        self._shares = 0
         self._waiters: deque[asyncio.Future] = deque()
+        self._on_free = on_free
 
     def try_take(self) -> bool:
-        if self._busy:
+        if self._busy or self._shares:
             return False
         self._busy = True
         return True
+
+    def try_share(self) -> bool:
+        if self._busy or self._waiters:
+            return False
+        self._shares += 1
+        return True
+
+    def release_share(self) -> None:
+        self._shares -= 1
+        if not self._shares:
+            self._hand_over()
 
     async def acquire(self) -> None:
         if self.try_take():
@@ -545,12 +644,18 @@ class _SimGate:
             raise
 
     def release(self) -> None:
+        self._busy = False
+        self._hand_over()
+        if not self._busy and self._on_free is not None:
+            self._on_free()
+
+    def _hand_over(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)  # still busy: handed to that waiter
+                self._busy = True
+                waiter.set_result(None)  # busy again: handed to that waiter
                 return
-        self._busy = False
 
     async def __aenter__(self) -> None:
         await self.acquire()

@@ -602,14 +602,104 @@ def test_auto_picks_ready_where_the_sim_steps_its_slots_on_their_own(requested, 
                         batched_parallel=batched_parallel) == mode
 
 
-@pytest.mark.parametrize("requested, slot_step, slot_reset, message", [
-    ("ready", False, True, "this sim steps all its slots in one batched call; use --hud-tick=auto or --hud-tick=lockstep"),
-    ("ready", True, False, "this sim can only reset all its slots at once; use --hud-tick=auto"),
-    ("fast", True, True, "tick mode must be auto, lockstep or ready, got 'fast'"),
+@pytest.mark.parametrize("requested, batched_parallel, mode", [
+    ("auto", True, "lanes"),  # processes asking a batching server: each in step, apart from the others
+    ("auto", False, "ready"),  # no batching server: the slots need not act together
+    ("lanes", False, "lanes"),
+    ("lockstep", True, "lockstep"),
 ])
-def test_an_impossible_tick_mode_is_refused_with_the_fix(requested, slot_step, slot_reset, message):
+def test_auto_ticks_the_lanes_of_a_process_sim_apart_for_a_batching_server(requested, batched_parallel, mode):
+    assert resolve_tick(requested, slot_step=True, slot_reset=True, batched_parallel=batched_parallel,
+                        lane_ticks=True) == mode
+
+
+@pytest.mark.parametrize("requested, slot_step, slot_reset, lane_ticks, message", [
+    ("ready", False, True, False,
+     "this sim steps all its slots in one batched call; use --hud-tick=auto or --hud-tick=lockstep"),
+    ("ready", True, False, False, "this sim can only reset all its slots at once; use --hud-tick=auto"),
+    ("lanes", False, True, True, "tick mode 'lanes' needs a sim whose slots are independent envs"),
+    ("lanes", True, True, False, "tick mode 'lanes' needs a sim whose slots step in several processes at "
+                                 "once; use --hud-vectorization=processes"),
+    ("fast", True, True, False, "tick mode must be auto, lockstep, ready or lanes, got 'fast'"),
+])
+def test_an_impossible_tick_mode_is_refused_with_the_fix(requested, slot_step, slot_reset, lane_ticks, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        resolve_tick(requested, slot_step=slot_step, slot_reset=slot_reset)
+        resolve_tick(requested, slot_step=slot_step, slot_reset=slot_reset, lane_ticks=lane_ticks)
+
+
+def test_start_together_holds_new_episodes_until_they_and_the_live_ones_are_enough():
+    engine, sim = make(3, start_together=3)
+    assert [engine.starts_now(n) for n in (1, 2, 3)] == [False, False, True]
+    live_slot(engine, sim, 1)  # one episode running: two more make three
+    assert [engine.starts_now(n) for n in (1, 2)] == [False, True]
+    assert make(3)[0].starts_now(1)  # off: every episode starts at once
+    assert make(2, start_together=5)[0].start_together == 2  # never more than the slots
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="start_together must be a whole number"):
+            make(2, start_together=bad)
+
+
+def lanes(width: int = 4, length: int = 3, lane_of=(0, 0, 1, 1)) -> tuple[BridgeEngine, FakeBatch]:
+    return make(width, length, tick="lanes", lanes=tuple(lane_of))
+
+
+def lane_tick(engine: BridgeEngine, sim: FakeBatch, lane: int, now: float = 0.0) -> dict[int, dict] | None:
+    plan = engine.plan_lane(lane)
+    if plan is None:
+        return None
+    assert plan.lane == lane
+    return dict(engine.apply_batch(plan, *sim.step(plan), now=now))
+
+
+def test_a_lane_steps_when_its_own_live_slots_have_acted_whatever_the_other_lanes_do():
+    engine, sim = lanes()
+    # (claims alternate between the lanes: the least busy first; sorted by slot, two per lane)
+    a, b, c, d = sorted((live_slot(engine, sim, seed) for seed in (1, 2, 3, 4)), key=lambda s: s.index)
+    assert [engine.lanes[s.index] for s in (a, b, c, d)] == [0, 0, 1, 1]
+    act(engine, a, c)
+    assert engine.plan_lane(0) is None and engine.plan_lane(1) is None  # b and d have not acted
+    act(engine, b)
+    frames = lane_tick(engine, sim, 0)  # lane 0 is complete; lane 1 still waits for d
+    assert frames.keys() == {a.index, b.index} and sim.stepped == [[0, 1]]
+    assert (a.steps, b.steps, c.steps, d.steps) == (1, 1, 0, 0)
+    assert c.pending_action is not None and engine.plan_lane(1) is None
+    act(engine, d)
+    assert lane_tick(engine, sim, 1).keys() == {c.index, d.index} and sim.stepped[-1] == [2, 3]
+
+
+def test_a_lane_never_steps_its_idle_slots_and_a_lane_without_live_slots_never_steps():
+    engine, sim = lanes(length=1)
+    a = live_slot(engine, sim, 1)
+    engine.claim(1, {"seed": 9})  # claimed, not bound: nobody waits for it
+    act(engine, a)
+    plan = engine.plan_lane(0)
+    assert plan.mask.tolist() == [True, False, False, False] and plan.park == []
+    engine.apply_batch(plan, *sim.step(plan), now=0.0)
+    assert a.state is SlotState.DONE and engine.plan_lane(0) is None and engine.plan_lane(1) is None
+    assert (engine.ticks, engine.slot_steps, engine.env_steps) == (1, 1, 1)
+
+
+def test_an_episode_takes_the_same_steps_under_lockstep_and_lanes():
+    def play(engine, sim, step):  # -> {seed: (its result but the slot, its frames)}
+        slots = [live_slot(engine, sim, seed) for seed in (2, 5, 7, 6)]
+        frames = {s.index: [] for s in slots}
+        for _ in range(6):
+            act(engine, *[s for s in slots if s.state is SlotState.LIVE], value=0.1)
+            for i, frame in step(engine, sim).items():
+                frames[i].append(frame["state"].tolist())
+        return {s.seed: ({k: v for k, v in s.result().items() if k != "slot"}, frames[s.index]) for s in slots}
+
+    def by_lane(engine, sim):  # lane 1 first, as when its process answers first
+        return {**(lane_tick(engine, sim, 1) or {}), **(lane_tick(engine, sim, 0) or {})}
+
+    assert play(*lanes(length=4), by_lane) == play(*make(4, 4), lambda e, s: tick(e, s) or {})
+
+
+def test_lanes_mode_needs_the_lane_of_each_slot_and_per_slot_resets():
+    with pytest.raises(ValueError, match="needs the lane of each slot"):
+        make(2, tick="lanes")
+    with pytest.raises(ValueError, match="a wave bridge ticks in lockstep"):
+        make(2, tick="lanes", lanes=(0, 1), wave=True)
 
 
 def test_the_engine_refuses_ready_mode_on_a_wave_bridge_and_a_negative_window():

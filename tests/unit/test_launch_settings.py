@@ -78,3 +78,39 @@ def test_a_static_launcher_hands_out_endpoints_in_turn_then_says_which_variable_
         launcher.launch([], "bridge", **launch)
     policy = launcher.launch([], "policy server", role="policy", env={}, timeout=1.0)
     assert policy.announce == {"url": "ws://gpu1:8000", "host": "gpu1", "key": None} and policy.poll() is None
+
+
+def test_a_bridge_holds_starts_for_the_workers_that_share_it():
+    from pytest_hud.pool import BridgeSpec, SimPool
+
+    def sharing(workers: int, width: int) -> list[int]:
+        pool = SimPool("s", BridgeSpec(width=width), workers=workers)
+        return [pool._sharing(pool.group_of(w)) for w in range(workers)]
+
+    assert sharing(8, 8) == [8] * 8
+    assert sharing(8, 4) == [4] * 8  # two bridges of four
+    assert sharing(5, 4) == [4] * 4 + [1]  # the second bridge has one worker: nothing to wait for
+    assert sharing(2, 8) == [2, 2]
+
+
+@pytest.mark.parametrize("vectorization, width, cores, env, threads", [
+    ("auto", 8, 2, {}, 1),  # two env processes fill both cores: one thread for a forward
+    ("processes", 8, 16, {}, 9),  # eight env processes on 16 cores: the other eight, plus one
+    ("processes", 2, 2, {}, 1),
+    ("auto", 1, 2, {}, None),  # one env: no process of its own, torch's default
+    ("sync", 8, 2, {}, None),  # envs in the bridge's process: torch's default
+    ("auto", 8, 2, {"OMP_NUM_THREADS": "2"}, None),  # the user decided
+])
+def test_a_local_policy_server_leaves_the_env_processes_their_cores(monkeypatch, vectorization, width, cores, env,
+                                                                    threads):
+    from pytest_hud.pool import BridgeSpec, SimPool
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    pool = SimPool("s", BridgeSpec(width=width, vectorization=vectorization), workers=8)
+    assert pool.server_threads() == threads
+    assert ("--threads" in pool._server_cmd("ckpt")) == (threads is not None)
+    assert SimPool("s", BridgeSpec(width=width, vectorization=vectorization), workers=8,
+                   launcher=StaticLauncher({})).server_threads() is None  # not started on this machine

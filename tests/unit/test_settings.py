@@ -29,7 +29,7 @@ def test_command_line_beats_ini_and_ini_strings_are_converted():
     ({}, {"step_timeout": "-1"}, "--hud-step-timeout must be positive"),
     ({"video": "some"}, {}, "--hud-video must be none, failed or all, got 'some'"),
     ({}, {"vectorization": "fibers"}, "--hud-vectorization must be auto, sync, async, processes or threads, got 'fibers'"),
-    ({"tick": "fast"}, {}, "--hud-tick must be auto, lockstep or ready, got 'fast'"),
+    ({"tick": "fast"}, {}, "--hud-tick must be auto, lockstep, ready or lanes, got 'fast'"),
     ({}, {"tick_window": "-0.001"}, "--hud-tick-window must be zero or more, got -0.001"),
     ({}, {"width": "eight"}, "ini key hud_width = 'eight' is not a valid int"),
     ({}, {"sequential": "maybe"}, "ini key hud_sequential = 'maybe' is not a boolean"),
