@@ -265,7 +265,10 @@ class SimPool:
         pass runs while the other lanes step: the server then gets the cores those others leave it
         (one on a machine with no more cores than slots). A forward on more threads than free cores
         stalls at every parallel region whose threads wait for a core (on 2 cores, PushT's ACT forward
-        of 4 observations took 41 ms on torch's 2 threads there against 37 ms on one). Not set where
+        of 4 observations took 41 ms on torch's 2 threads there against 37 ms on one). ``auto`` is
+        counted as ``processes``, which the server cannot wait for (it starts before the bridges time
+        their envs); where the envs stay in the bridge's process the forward loses little (the reach
+        ACT suite, 24 episodes on 8 workers: 4.4-4.7 s on one thread or two). Not set where
         ``OMP_NUM_THREADS`` says, or where bridges and servers are not started on this machine.
         """
         if "OMP_NUM_THREADS" in os.environ or self.attach is not None or not isinstance(self.launcher, LocalLauncher):
