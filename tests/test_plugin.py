@@ -233,6 +233,31 @@ def test_per_episode_results_are_identical_under_any_workers_width_tick_mode_and
         assert episodes == reference, name
 
 
+def test_an_xdist_worker_leaves_its_last_garbage_collection_to_the_os_once_its_work_is_done(project):
+    """Only after the worker's session closed: its episodes are reported and its files written."""
+    project.makeconftest('''
+import atexit, gc
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # (not the environment: this run may itself be in a worker)
+        worker = config.workerinput["workerid"]
+
+        def _exit_state():  # runs after pytest_unconfigure, when the worker exits
+            with open(f"exit-{worker}.txt", "w") as fh:
+                fh.write(str(gc.get_freeze_count()))
+
+        atexit.register(_exit_state)
+
+def pytest_runtest_teardown(item):
+    assert gc.get_freeze_count() == 0  # not while episodes run
+''')
+    project.makepyfile(test_balance=BALANCE)
+    run(project, "-n", "2", "--hud-results=r.jsonl").assert_outcomes(passed=6)
+    frozen = [int((project.path / f"exit-gw{i}.txt").read_text()) for i in range(2)]
+    assert all(count > 1000 for count in frozen), frozen
+    assert len(load_results(project.path / "r.jsonl").episodes) == 6
+
+
 BATCHED = '''
 import gymnasium as gym
 
