@@ -349,6 +349,7 @@ class SimPool:
 
     def _spawn(self, key: tuple, target: str, build: dict[str, Any]) -> _Bridge:
         spec = self.spec
+        sharing = self._sharing(key[2])  # workers that will claim on this bridge: they start together
         cmd = [
             "-m", "pytest_hud.sim", target,
             "--width", str(spec.width),
@@ -356,7 +357,7 @@ class SimPool:
             "--tick", spec.tick,
             "--tick-window", repr(spec.tick_window),
             *(["--batched-policy"] if spec.batched_policy else []),
-            *(["--start-together", str(self._sharing(key[2]))] if spec.batched_policy and self._sharing(key[2]) > 1 else []),
+            *(["--start-together", str(sharing)] if spec.batched_policy and sharing > 1 else []),
             *(["--io-thread"] if spec.io_thread else []),
             "--build-args", json.dumps(build),
             "--claim-timeout", str(spec.claim_timeout),

@@ -25,8 +25,8 @@ import threading
 
 from ..announce import parent_alive, write_announce
 from .mainthread import InlineExecutor, MainThreadExecutor
-from .engine import DEFAULT_TICK_WINDOW, TICK_MODES, resolve_tick
-from .server import DEFAULT_START_WINDOW, BridgeServer, Timeouts
+from .engine import DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, TICK_MODES, resolve_tick
+from .server import BridgeServer, Timeouts
 from .target import TargetError, load_sim
 
 SECRET_ENV = "PYTEST_HUD_SECRET"

@@ -62,13 +62,17 @@ from .failures import (ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTi
                        NoFirstObservation, SimFailed, SlotError, SlotFailure, SlotReleased, TaskError)
 from .slots import Slot, SlotState
 
-__all__ = ["TICK_MODES", "DEFAULT_TICK_WINDOW", "Timeouts", "Handshake", "ResetPlan", "TickPlan", "BridgeEngine", "resolve_tick"]
+__all__ = ["TICK_MODES", "DEFAULT_START_WINDOW", "DEFAULT_TICK_WINDOW", "Timeouts", "Handshake", "ResetPlan", "TickPlan", "BridgeEngine", "resolve_tick"]
 
-#: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the other two.
+#: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the others.
 TICK_MODES = ("auto", "lockstep", "ready", "lanes")
 #: Ready mode's default window (seconds): long enough that agents answering one tick's frames
 #: together land in one step, short next to a policy's milliseconds (``benchmarks/stragglers.py``).
 DEFAULT_TICK_WINDOW = 0.001
+#: How long a held episode waits for the others to start with it (``start_together``): about the
+#: spread of a wave's starts on a busy machine (the workers encode videos and write reports between
+#: episodes), and short next to an episode.
+DEFAULT_START_WINDOW = 0.5
 
 
 def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool, batched_parallel: bool = False,

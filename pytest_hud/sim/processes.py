@@ -221,8 +221,6 @@ class ProcessSim(VectorSim):
         block = self._blocks[lane]
         if lane in self._in_flight:
             raise RuntimeError(f"the env process of {block.slots} is already stepping")
-        if not self.supports_slot_step:
-            raise NotImplementedError("only a sim of independent envs steps its processes one by one")
         block.send("step_slots", actions[block.start:block.stop], mask[block.start:block.stop])
         self._in_flight.add(lane)
 

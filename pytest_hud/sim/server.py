@@ -25,12 +25,7 @@ import numpy as np
 from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, packb, rows_packer, unpack_action, unpackb
 from .base import VectorSim, sim_stats, stepping_hint
-from .engine import DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
-
-#: How long a held episode waits for the others to start with it (``--start-together``): about the
-#: spread of a wave's starts on a busy machine (the workers encode videos and write reports between
-#: episodes), and short next to an episode.
-DEFAULT_START_WINDOW = 0.5
+from .engine import DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
 from .failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
 from .slots import Slot, SlotState
 from .threads import default_threads
