@@ -7,10 +7,14 @@
     python -m pytest_hud report results.jsonl --html report.html    # the standalone HTML page too
 
 ``--compare`` runs the same gate as ``pytest --hud-baseline`` (:func:`pytest_hud.gate.evaluate_gate`
-with the same options), on the latest record of each episode in both files; errored episodes are
-not successes or failures but count against coverage. Exit status: 0, or 1 when the gate fails
-(a regression or insufficient coverage; inconclusive too with ``--strict``), or 2 when a file is
-missing or not a pytest-hud results file, or an option is invalid.
+with the same options and the same episode accounting), on the latest record of each episode in
+both files; errored, deselected and missing episodes are not successes or failures but count
+against coverage. A results file without its summary line (a killed run) is gated against the
+episodes its header declared; as the baseline it is refused unless ``--allow-incomplete-baseline``.
+One shard's file is refused on either side: merge the shards first. Exit status: 0, or 1 when the
+gate fails (a regression, insufficient coverage, an incomparable task, nothing compared;
+inconclusive too with ``--strict``), or 4 (pytest's usage error) when a file is missing, not a
+pytest-hud results file, a shard's, an incomplete baseline, or an option is invalid.
 
 ``merge`` combines the results files of the shards of one suite (``pytest --hud-shard I/N``) into
 one results file (rules in :mod:`pytest_hud.merge`). Exit status: 0 merged; 1 a shard or an
@@ -28,41 +32,51 @@ import contextlib
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .gate import GateConfig, Verdict, evaluate_gate, gate_passed
 from .gate import outcomes_from_results as task_outcomes
 from .report.table import gate_verdicts
-from .results import Results, load_results
+from .results import Results, gate_input_problem, load_results
 
 __all__ = ["main", "task_outcomes"]
 
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 4  # 4: pytest's usage error, for the same mistakes
 
 
 class InputError(Exception):
-    """A results file that is missing or not ours, or an invalid option: exit status 2."""
+    """A results file that is missing or not ours, or an invalid option: exit status 4."""
 
 
-def _load(path: str, what: str) -> Results:
+class _Parser(argparse.ArgumentParser):
+    """argparse, exiting with the usage-error status of the rest of the command (4, as pytest's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _load(path: str, what: str, quiet: bool = False) -> Results:
     try:
         results = load_results(path)
     except ValueError as exc:  # load_results names the file and the line
         raise InputError(f"{what}: {exc}") from None
     except OSError as exc:  # a directory, no permission, ...
         raise InputError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from None
-    if not results.complete:
-        print(f"note: {path} has no summary line (a killed or running pytest?); using the episodes it has",
-              file=sys.stderr)
+    if not results.complete and not quiet:
+        declared = results.declared_episodes()
+        counted = (f"the {sum(map(len, declared.values()))} episodes its header declared count, finished or not"
+                   if declared is not None else "using the episodes it has")
+        print(f"note: {path} has no summary line (a killed or running pytest?); {counted}", file=sys.stderr)
     return results
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m pytest_hud",
         description="pytest-hud tools for results files (pytest-hud/results/1).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     report = sub.add_parser(
         "report",
         help="Print a results file's per-task table, compare it with a baseline, render markdown",
@@ -74,14 +88,22 @@ def _parser() -> argparse.ArgumentParser:
                         help="Baseline results file to gate against (same statistics as --hud-baseline)")
     report.add_argument("--markdown", dest="markdown", action="store_true",
                         help="Print GitHub-flavoured markdown instead of the terminal table")
-    report.add_argument("--alpha", dest="alpha", type=float, default=0.05,
+    report.add_argument("--alpha", dest="alpha", type=float, default=None,
                         help="Family-wise false-alarm rate of the gate across tasks (default 0.05)")
-    report.add_argument("--max-drop", dest="max_drop", type=float, default=0.0,
+    report.add_argument("--max-drop", dest="max_drop", type=float, default=None,
                         help="Tolerated drop in success rate, as a fraction (0.05 = 5 points; default 0)")
-    report.add_argument("--min-coverage", dest="min_coverage", type=float, default=0.9,
+    report.add_argument("--min-coverage", dest="min_coverage", type=float, default=None,
                         help="Fraction of declared episodes that must finish without error (default 0.9)")
     report.add_argument("--strict", dest="strict", action="store_true",
                         help="Fail on inconclusive verdicts too")
+    report.add_argument("--gate", dest="gate", metavar="FILE", default=None,
+                        help="YAML gate file (as --hud-gate): alpha, max_drop, min_coverage, floors; options beat it")
+    report.add_argument("--accept-difference", dest="accept", metavar="FIELD", action="append", default=[],
+                        help="Compare although this field of a task differs from the baseline on purpose: sim, "
+                             "build, max_steps, contract or n_action_steps (repeatable)")
+    report.add_argument("--allow-incomplete-baseline", dest="allow_incomplete", action="store_true",
+                        help="Gate against a baseline without its summary line (a killed run's file): only the "
+                             "episodes it has count")
     report.add_argument("--width", dest="width", type=int, default=None,
                         help="Table width in characters (default: the terminal's)")
     report.add_argument("--html", dest="html", metavar="PATH", default=None,
@@ -107,8 +129,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _text_report(results: Results, verdicts: Mapping[str, Any] | None, baseline: Results | None,
-                 width: int) -> list[str]:
-    from .report.table import summary_lines, verdict_dict
+                 width: int, gate: list[Verdict] | None = None, strict: bool = False) -> list[str]:
+    from .report.table import gate_lines, summary_lines, verdict_dict
 
     lines = [f"results: {results.path}" + ("" if results.complete else " (incomplete)")]
     if baseline is not None:
@@ -120,24 +142,31 @@ def _text_report(results: Results, verdicts: Mapping[str, Any] | None, baseline:
             v = verdict_dict(verdict) or {}
             kind, reason = v.get("verdict", "-"), v.get("reason")
             lines.append(f"{kind}: {task}: {reason}" if reason else f"{kind}: {task}")
+    if gate is not None:
+        lines += [text for text, _ in gate_lines(gate, strict=strict, reasons=False)]
     return lines
 
 
 def report(args: argparse.Namespace) -> int:
     """The ``report`` command; returns the exit status."""
     results = _load(args.results, "RESULTS")
-    baseline = _load(args.baseline, "BASELINE") if args.baseline else None
+    baseline = _load(args.baseline, "BASELINE", quiet=True) if args.baseline else None
     gate: list[Verdict] | None = None
     verdicts: Mapping[str, Any] | None
     if baseline is None:
         # A run made with --hud-baseline carries its gate's verdicts: show them, decide nothing.
         verdicts = gate_verdicts((results.summary or {}).get("gate")) or None
     else:
-        try:
-            config = GateConfig(alpha=args.alpha, max_drop=args.max_drop, min_coverage=args.min_coverage)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-        gate = evaluate_gate(task_outcomes(results), task_outcomes(baseline), config)
+        # Every input is checked before anything is compared, by the rules pytest's gate uses.
+        for side, loaded in (("results", results), ("baseline", baseline)):
+            problem = gate_input_problem(loaded, side, allow_incomplete=args.allow_incomplete,
+                                         allow_flag="--allow-incomplete-baseline")
+            if problem:
+                raise InputError(f"{side.upper()}: {problem}")
+        config = _gate_config(args, results)
+        current = task_outcomes(results)
+        deselected = set(results.deselected_episodes()) - {t for t, o in current.items() if o.episodes or o.n}
+        gate = evaluate_gate(current, task_outcomes(baseline, as_baseline=True), config, deselected=deselected)
         verdicts = {v.task: v for v in gate}
 
     if args.markdown:
@@ -151,7 +180,7 @@ def report(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         width = args.width or shutil.get_terminal_size((110, 24)).columns
-        print("\n".join(_text_report(results, verdicts, baseline, width)))
+        print("\n".join(_text_report(results, verdicts, baseline, width, gate, args.strict)))
 
     if args.html:
         from .report.html import write_standalone_page
@@ -164,9 +193,46 @@ def report(args: argparse.Namespace) -> int:
         passed = gate_passed(gate, strict=args.strict)
         if not args.markdown:
             failing = [v for v in gate if not gate_passed([v], strict=args.strict)]
-            print("gate: PASS" if passed else f"gate: FAIL ({len(failing)} of {len(gate)} tasks)")
+            if passed:
+                print("gate: PASS")
+            elif failing:
+                print(f"gate: FAIL ({len(failing)} of {len(gate)} tasks)")
+            else:
+                print("gate: FAIL (nothing was compared)")
         return EXIT_OK if passed else EXIT_REGRESSION
     return EXIT_OK
+
+
+def _gate_config(args: argparse.Namespace, results: Results) -> GateConfig:
+    """The gate file, then the options, as ``--hud-gate`` and the ``--hud-*`` options combine."""
+    from pathlib import Path
+
+    from .gate import load_gate_file, unmatched_floors
+
+    data: dict[str, Any] = {}
+    if args.gate:
+        try:
+            data = load_gate_file(Path(args.gate).read_text(encoding="utf-8"), source=args.gate)
+        except FileNotFoundError:
+            raise InputError(f"--gate: {args.gate} does not exist") from None
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--gate: {exc}") from None
+    for key in ("alpha", "max_drop", "min_coverage"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    if args.accept:
+        names = [part.strip() for value in args.accept for part in value.split(",") if part.strip()]
+        data["accept"] = tuple(dict.fromkeys((*data.get("accept", ()), *names)))
+    try:
+        config = GateConfig(**data)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    tasks = set(results.tasks()) | set(results.deselected_episodes()) | set(results.declared_episodes() or ())
+    unmatched = unmatched_floors(config.floors, tasks)
+    if unmatched:
+        raise InputError(f"--gate: the floor for {unmatched[0]!r} matches no task of {results.path}"
+                         " (a typo, or a renamed test?)")
+    return config
 
 
 def merge(args: argparse.Namespace) -> int:

@@ -131,6 +131,20 @@ class Contract:
         rate = data.get("control_rate")
         return cls(features=features, control_rate=None if rate is None else float(rate))
 
+    def signature(self) -> str:
+        """A short readable fingerprint: each feature's type, dtype and shape, and a hash of the whole.
+
+            >>> Contract({"action": Feature("action", "action", "box", "float32", (2,))}).signature()[:22]
+            'action box float32(2) '
+        """
+        import hashlib
+        import json
+
+        parts = [f"{name} {f.type} {f.dtype}({','.join(str(d) for d in f.shape)})"
+                 for name, f in sorted(self.features.items())]
+        digest = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+        return "; ".join(parts) + f" #{digest}"
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``contract.json`` at an explicit path (never the current directory by default)."""
         path = Path(path)

@@ -34,7 +34,7 @@ from .provenance import PolicyHashes, provenance
 from .results import EpisodeRecord, ResultsWriter
 from .settings import HudSettings
 
-__all__ = ["HudController"]
+__all__ = ["HudController", "results_paths"]
 
 
 class HudController:
@@ -56,11 +56,14 @@ class HudController:
                              sequential=settings.sequential, gated_by_file=bool(settings.gate))
         self.verdicts: list[Any] | None = None
         self.other_failures = 0
+        self.usage_error: str | None = None  # a declaration the run cannot gate: nothing runs, nothing is written
+        self.baseline_note: str | None = None  # where the results went when they are the baseline too
         self._last_progress = time.monotonic()
         self.recording: dict[str, Any] | None = None
 
         # Everything above only read; from here on the run has side effects (all inputs are valid).
         self._lock = threading.Lock()
+        self._writer_lock = threading.Lock()
         rootdir = str(config.rootpath)
         invocation = str(config.invocation_params.dir)
         attach = BridgeAddress.from_announce(settings.sim_url) if settings.sim_url else None
@@ -91,8 +94,11 @@ class HudController:
             self.policy_hashes.start(settings.policy, self._policy_files)
         self._old_sigterm = _sigterm_as_interrupt()
         self.results_path: Path | None = None
+        self.baseline_path: Path | None = None  # set when the results file is the baseline too
         if settings.results:
             self.results_path = config.invocation_params.dir / settings.results
+            self.results_path, self.baseline_path = results_paths(self.results_path, settings.baseline,
+                                                                  config.invocation_params.dir)
         self.writer: ResultsWriter | None = None  # opened with the first record: a run of nothing writes nothing
 
     # ------------------------------------------------------------ plumbing
@@ -101,13 +107,21 @@ class HudController:
         return self.ledger.records
 
     def _write(self) -> ResultsWriter | None:
-        """The results file's writer, opened on first use (appending when resuming into the same file)."""
-        if self.writer is None and self.results_path is not None:
-            self.provenance["policy_hash"] = self.policy_hashes.get(self.settings.policy, self._policy_files)
-            resume = self.settings.resume
-            resuming_here = bool(resume) and Path(resume).resolve() == self.results_path.resolve()
-            self.writer = ResultsWriter(self.results_path, self.provenance, self.run_id, append=resuming_here)
-        return self.writer
+        """The results file's writer, opened on first use (appending when resuming into the same file).
+
+        Its header lists the episodes the run declared, so it is opened once they are known (by
+        the first declaration, on a thread of its own: the header waits for the policy's hash).
+        """
+        with self._writer_lock:
+            if self.writer is None and self.results_path is not None and self.usage_error is None:
+                self.provenance["policy_hash"] = self.policy_hashes.get(self.settings.policy, self._policy_files)
+                resume = self.settings.resume
+                resuming_here = bool(resume) and Path(resume).resolve() == self.results_path.resolve()
+                with self._lock:
+                    declared, deselected = self.ledger.declared_ids(), self.ledger.deselected_ids()
+                self.writer = ResultsWriter(self.results_path, self.provenance, self.run_id, append=resuming_here,
+                                            declared=declared, deselected=deselected)
+            return self.writer
 
     def workerinput(self) -> dict[str, Any]:
         """What a worker needs to reach the pool (builtin types: it crosses the xdist channel)."""
@@ -130,7 +144,8 @@ class HudController:
     def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = (),
                  shard: dict[str, Any] | None = None, policies: list[str] = (),
                  python_path: list[str] = (), hash_policies: dict[str, list[str] | None] | None = None,
-                 sims: list[list[Any]] = ()) -> int:
+                 sims: list[list[Any]] = (), deselected_episodes: dict[str, list[str]] | None = None,
+                 problems: list[str] = ()) -> int:
         self.pool.add_python_path(python_path)
         self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
         for target, build in sims:  # and the bridges of the sims its tests use
@@ -138,7 +153,18 @@ class HudController:
         for spec, files in (hash_policies or {}).items():  # every episode's record carries its policy's hash
             self.policy_hashes.start(spec, files)
         with self._lock:
-            count = self.ledger.declare(episodes, deselected, shard)
+            first = not self.ledger.declared and self.ledger.shard is None
+            count = self.ledger.declare(episodes, deselected, shard, deselected_episodes)
+            problems = list(problems)
+            if first:
+                problems += self._declaration_problems()
+            if problems and self.usage_error is None:
+                self.usage_error = "\n".join(problems)
+        if self.usage_error is not None:
+            from .jsonrpc import RpcError
+
+            raise RpcError(self.usage_error, data={"usage_error": True})
+        with self._lock:
             if shard is not None and "shard" not in self.provenance:
                 # Declared before any episode lands, so the results file's header carries it.
                 from .shard import suite_fingerprint
@@ -150,7 +176,30 @@ class HudController:
                     "suite": {"episodes": sum(map(len, suite.values())), "fingerprint": suite_fingerprint(suite),
                               "tasks": suite},
                 }
-            return count
+        if first and (self.ledger.declared or self.ledger.shard is not None) and self.results_path is not None:
+            # The header (with the declared episodes) goes out before any episode runs.
+            threading.Thread(target=self._write, name="hud-results-header", daemon=True).start()
+        return count
+
+    def _declaration_problems(self) -> list[str]:
+        """What makes the declared run ungateable: gate-file floors that match none of its tasks."""
+        from .gate import unmatched_floors
+
+        floors = self.ledger.gate_config.floors
+        unmatched = unmatched_floors(floors, self.ledger.collected_tasks()) if floors else []
+        if not unmatched:
+            return []
+        tasks = sorted(self.ledger.collected_tasks())
+        shown = ", ".join(tasks[:5]) + (f" and {len(tasks) - 5} more" if len(tasks) > 5 else "")
+        return [f"--hud-gate: the floor{'s' if len(unmatched) > 1 else ''} for {', '.join(map(repr, unmatched))}"
+                f" match{'' if len(unmatched) > 1 else 'es'} no task of this run (a typo, or a renamed test?);"
+                f" its tasks are: {shown or 'none'}"]
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """A worker's declaration was refused: stop here, before any test is scheduled (exit 4)."""
+        if self.usage_error is not None:
+            raise pytest.UsageError(self.usage_error)
 
     def prestart_at_configure(self, collect_only: bool = False) -> None:
         """With ``--hud-policy-server`` and a LeRobot checkpoint named by ``--hud-policy`` on the
@@ -234,8 +283,9 @@ class HudController:
             record.finished_at = time.time()
         with self._lock:
             self.ledger.add(record)
-            writer = self._write()
-            if writer is not None:
+        writer = self._write()  # (takes its own lock, then the books': never the other way round)
+        if writer is not None:
+            with self._writer_lock:
                 writer.episode(record)
         self._progress()
 
@@ -268,7 +318,7 @@ class HudController:
         from .report.junit import add_gate_cases
         from .session import worker_session
 
-        if session.config.option.collectonly:
+        if session.config.option.collectonly or self.usage_error is not None:
             return  # nothing ran: no verdicts, no files
         in_process = worker_session(self.config)
         if in_process is not None:
@@ -281,7 +331,7 @@ class HudController:
             session.exitstatus = pytest.ExitCode.OK
         self.verdicts = self.ledger.verdicts()
         if self.verdicts is not None:
-            passed = gate_passed(self.verdicts) and not self.other_failures
+            passed = gate_passed(self.verdicts, strict=self.settings.strict) and not self.other_failures
             if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
                 # Failed episodes are data: the gate, not single episodes, decides the run.
                 session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
@@ -295,12 +345,27 @@ class HudController:
                 policies, sims = self.ledger.used()
                 writer.summary(self.tasks(), self.coverage(),
                                dict(self.provenance, policies=policies, sims=self._with_bridges(sims)), gate)
+                self._settle_baseline(session.exitstatus)
             if self.settings.html:
                 from .report.html import write_standalone_page
 
                 write_standalone_page(self.settings.html, self.tasks(), list(self.records.values()),
                                       verdicts=self.verdict_dicts(), coverage=self.coverage(),
                                       title="pytest-hud report")
+
+    def _settle_baseline(self, exitstatus: int) -> None:
+        """When the results file is the baseline too: a passing run's results become the baseline
+        (replaced atomically); any other run leaves the baseline as it was, its results beside it."""
+        if self.baseline_path is None or self.writer is None or self.results_path is None:
+            return
+        self.writer.close()
+        if exitstatus == pytest.ExitCode.OK:
+            os.replace(self.results_path, self.baseline_path)
+            self.writer.path = self.baseline_path
+            self.baseline_note = f"the run passed its gate: its results are the new baseline {self.baseline_path}"
+        else:
+            self.baseline_note = (f"the baseline {self.baseline_path} is unchanged (this run did not pass);"
+                                  f" its results are in {self.results_path}")
 
     def _with_bridges(self, sims: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each sim with how its bridges ran it (what ``auto`` chose for vectorization and ticks)."""
@@ -369,14 +434,15 @@ class HudController:
                 f"hud: shard {self.settings.shard_spec} has no episodes of its own (the suite's "
                 f"{sum(map(len, self.ledger.shard['suite'].values()))} episodes went to other shards); "
                 f"its results file is written for the merge")
-        if not self.records and not self.ledger.declared:
+        if self.usage_error is not None or (not self.records and not self.ledger.declared):
             return
         from .report.terminal import write_summary
 
         write_summary(terminalreporter, self.tasks(), self.verdicts, self.coverage(),
                       results=str(self.writer.path) if self.writer is not None else None,
                       recording=self.recording, baseline=self.settings.baseline,
-                      other_failures=self.other_failures,
+                      other_failures=self.other_failures, strict=self.settings.strict,
+                      baseline_note=self.baseline_note,
                       notes=list(self.pool.notes) + (
                           self.pool.stepping_notes() if exitstatus != pytest.ExitCode.INTERRUPTED else []))
 
@@ -388,6 +454,19 @@ class HudController:
         self.policy_hashes.close()
         if self.writer is not None:
             self.writer.close()
+
+
+def results_paths(results: Path, baseline: str | None, here: Path) -> tuple[Path, Path | None]:
+    """Where this run writes its results, and the baseline path to replace if it passes.
+
+    When ``--hud-results`` is the ``--hud-baseline`` file (the results of the last run judge this
+    one), the run writes ``NAME.candidate.jsonl`` beside it, and only a run that passes replaces
+    the baseline: a failing checkpoint's results never become the baseline it failed against, so
+    running the failed job again fails again.
+    """
+    if baseline and (here / baseline).resolve() == results.resolve():
+        return results.with_name(f"{results.stem}.candidate{results.suffix or '.jsonl'}"), results
+    return results, None
 
 
 def _launcher(settings: HudSettings, spec: Any) -> Any:

@@ -1,16 +1,33 @@
 """The CI gate: compare this run with a stored baseline, task by task, and give verdicts.
 
-(Over 400 lines on purpose: every rule of the gate, stated at the top and implemented below, plus the gate file's parser with its error messages.)
+(Over 500 lines on purpose: every rule of the gate, stated at the top and implemented below, plus the gate file's parser with its error messages.)
 
 Pure logic (no pytest, no I/O): the plugin turns results files into :class:`TaskOutcomes`, calls
 :func:`evaluate_gate`, and sets the exit status from :func:`gate_passed`.
 
 Rules, per task (a task is a test function plus its non-episode parameters):
 
-1. **Coverage.** Errored episodes (crash, timeout, sim exception) are not failures, they are missing.
-   When ``finished without error / declared < min_coverage`` the verdict is *insufficient coverage*:
-   a policy that crashes on its hard episodes must not pass on its easy ones. A task that is in the
-   baseline but not in this run gets the same verdict. This check wins over every other.
+0. **Identity.** Episodes are compared only when what defines the task is the same on both sides:
+   the sim target and its build arguments, the step limit, the contract (observation and action
+   spaces) and the action chunking (:data:`TASK_FIELDS`, from each episode's record). A field that
+   differs makes the task *incomparable*, naming the field and both values, unless the user accepts
+   that difference by name (``--hud-accept-difference``). The policy and its content hash differ by
+   design: they are shown, never checked. A field that only one side recorded (a file written
+   before it was recorded) is not checked. This verdict wins over every other.
+1. **Coverage, episode by episode.** The episodes that count are the ones this run declared (after
+   ``-k``/``-m``, less those skipped now) together with every episode the baseline ran (declared
+   there, less those skipped there). Each of them that is not graded now is missing, whatever the
+   reason, and is named with it: errored (crash, timeout, sim exception), skipped now, deselected,
+   declared but never reported (an interrupted run), or not collected now. When ``graded /
+   counted < min_coverage`` the verdict is *insufficient coverage*: a policy that crashes on its
+   hard episodes must not pass on its easy ones. An episode the baseline graded that this run left
+   out on purpose (deselected with ``-k``/``-m``, or skipped) makes the verdict *insufficient
+   coverage* whatever the fraction: ``-k`` on the failing seeds must not turn a regression into a
+   pass. Baseline episodes no longer collected (the suite's parameters changed) count against
+   the fraction, and only when the two sides share episode ids: a task whose episodes are all new
+   ids is a fresh sample, compared unpaired. A task that is in the baseline but not in this run
+   gets the same verdict. Episodes a sequential decision skipped are not expected, and neither
+   are another shard's.
 2. **Paired or unpaired.** Paired when the episode ids that finished on both sides are at least
    ``PAIRED_MIN_OVERLAP`` (80%) of each side's finished episodes; the few unmatched episodes are
    dropped. Pairing an episode with itself removes the seed-to-seed variance that usually dominates
@@ -36,7 +53,7 @@ Rules, per task (a task is a test function plus its non-episode parameters):
    met. Floors are absolute requirements declared per task, so they are not Holm-adjusted; using
    the two-sided interval makes each one a one-sided test at alpha/2, which keeps them from being
    trigger-happy.
-7. **Combining:** insufficient coverage > regression > inconclusive > pass.
+7. **Combining:** incomparable > insufficient coverage > regression > inconclusive > pass.
 8. **Nothing to compare is never a pass.** A task with graded episodes in this run but none in the
    baseline (absent there, or only errors or skips) and no floor is *no baseline*; a task whose
    episodes were all skipped now and that had no graded episode in the baseline either is *skipped*,
@@ -47,9 +64,9 @@ Rules, per task (a task is a test function plus its non-episode parameters):
    (skipped, deselected with ``-k``/``-m``, or no longer collected) is *insufficient coverage*, and
    the reason says which of those happened.
 
-:func:`gate_passed` fails on regression and insufficient coverage; inconclusive passes unless
-``strict=True`` (failing CI for lack of episodes on every small suite would teach people to
-ignore the gate).
+:func:`gate_passed` fails on incomparable, regression and insufficient coverage; inconclusive
+passes unless ``strict=True`` (failing CI for lack of episodes on every small suite would teach
+people to ignore the gate).
 """
 
 from __future__ import annotations
@@ -67,6 +84,8 @@ from . import stats
 __all__ = [
     "COMPARED",
     "PAIRED_MIN_OVERLAP",
+    "SEQUENTIAL_SKIP",
+    "TASK_FIELDS",
     "VERDICTS",
     "GateConfig",
     "TaskOutcomes",
@@ -79,9 +98,11 @@ __all__ = [
     "nothing_compared",
     "outcomes_from_records",
     "outcomes_from_results",
+    "unmatched_floors",
 ]
 
-VerdictKind = Literal["pass", "regression", "inconclusive", "insufficient coverage", "no baseline", "skipped"]
+VerdictKind = Literal["pass", "regression", "inconclusive", "insufficient coverage", "incomparable", "no baseline",
+                      "skipped"]
 TestName = Literal[
     "paired-mcnemar",
     "paired-noninferiority",
@@ -89,27 +110,42 @@ TestName = Literal[
     "unpaired-noninferiority",
     "floor",
     "coverage",
+    "identity",
     "none",
 ]
 
 PAIRED_MIN_OVERLAP = 0.8
 """Pair when the shared episode ids are at least this fraction of each side's finished episodes."""
 
-_FAILING: frozenset[str] = frozenset({"regression", "insufficient coverage"})
+_FAILING: frozenset[str] = frozenset({"regression", "insufficient coverage", "incomparable"})
 #: Verdicts that come from a comparison (with a baseline or a floor).
 COMPARED: frozenset[str] = frozenset({"pass", "regression", "inconclusive"})
 #: Every verdict, in the order of severity used by the summaries.
-VERDICTS: tuple[str, ...] = ("insufficient coverage", "regression", "inconclusive", "no baseline", "skipped", "pass")
+VERDICTS: tuple[str, ...] = ("incomparable", "insufficient coverage", "regression", "inconclusive", "no baseline",
+                             "skipped", "pass")
+
+#: What defines a task, from each episode record's ``identity``: equal on both sides, or incomparable.
+TASK_FIELDS: tuple[str, ...] = ("sim", "build", "max_steps", "contract", "n_action_steps")
+
+#: How a worker's skip reason starts when the sequential test had already decided the task.
+SEQUENTIAL_SKIP = "sequential gate already decided"
 
 
 @dataclass
 class TaskOutcomes:
-    """One task's finished episodes on one side of the comparison.
+    """One task's episodes on one side of the comparison.
 
     ``successes`` maps episode id to success for episodes that finished without error; ``errors``
     counts the errored ones; ``declared`` is how many episodes the task declares (its parameters)
     less the skipped ones; ``skipped`` counts skipped episodes and ``skip_reason`` is one of their
     reasons (``skip``/``skipif``, or a sequential decision).
+
+    The episode-level accounting (empty or None where unknown, e.g. for outcomes built by hand):
+    ``episodes`` the ids the run declared for the task (after ``-k``/``-m``; None: unknown, the
+    records stand in); ``errored`` the errored ids; ``skipped_ids`` each skipped id with its reason;
+    ``decided`` the ids a sequential decision skipped; ``deselected`` the ids ``-k``/``-m`` left out;
+    ``identity`` each of :data:`TASK_FIELDS` with the values its records carry (canonical JSON);
+    ``policies`` the policies (with content hashes) that ran it.
     """
 
     successes: dict[str, bool]
@@ -117,6 +153,13 @@ class TaskOutcomes:
     declared: int = 0
     skipped: int = 0
     skip_reason: str | None = None
+    episodes: frozenset[str] | None = None
+    errored: frozenset[str] = frozenset()
+    skipped_ids: dict[str, str | None] = field(default_factory=dict)
+    decided: frozenset[str] = frozenset()
+    deselected: frozenset[str] = frozenset()
+    identity: dict[str, frozenset[str]] = field(default_factory=dict)
+    policies: frozenset[str] = frozenset()
 
     @property
     def n(self) -> int:
@@ -142,6 +185,14 @@ class TaskOutcomes:
         declared = self.declared if self.declared > 0 else self.n + self.errors
         return self.n / declared if declared > 0 else 0.0
 
+    def ran(self) -> set[str]:
+        """The ids this side meant to run: declared (or, unknown, reported), less the skipped ones."""
+        if self.episodes is not None:
+            ids = set(self.episodes)
+        else:
+            ids = set(self.successes) | set(self.errored) | set(self.skipped_ids) | set(self.decided)
+        return ids - set(self.skipped_ids) - set(self.decided)
+
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -156,6 +207,8 @@ class GateConfig:
     matching glob in insertion order). ``min_coverage``: fraction of declared episodes that must
     finish without error. ``power``/``detect_drop``: a non-significant task passes only when a drop
     of ``detect_drop`` (default ``max_drop + 0.10``) would have been flagged with this probability.
+    ``accept``: fields of :data:`TASK_FIELDS` whose difference from the baseline is accepted on
+    purpose (the task is compared anyway).
     """
 
     alpha: float = 0.05
@@ -164,8 +217,16 @@ class GateConfig:
     min_coverage: float = 0.9
     power: float = 0.8
     detect_drop: float | None = None
+    accept: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        self.accept = tuple(self.accept)
+        for name in self.accept:
+            if name not in TASK_FIELDS:
+                raise ValueError(
+                    f"cannot accept a difference in {name!r}{_did_you_mean(name, TASK_FIELDS)}: the fields that"
+                    f" define a task are {', '.join(TASK_FIELDS)}"
+                )
         for name in ("alpha", "max_drop", "min_coverage", "power"):
             if not _is_number(getattr(self, name)):
                 raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
@@ -230,6 +291,9 @@ class Verdict:
     declared: int = 0
     coverage: float | None = None
     current_interval: tuple[float, float] | None = None
+    not_graded: dict[str, list[str]] = field(default_factory=dict)  # why -> episode ids counted but not graded now
+    policy: str | None = None
+    baseline_policy: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -425,11 +489,20 @@ def evaluate_gate(
     config = config or GateConfig()
     baseline = baseline or {}
 
-    # First pass: every comparison's p-value, so Holm sees the whole family.
+    # Identity first: a task that is not the same task on both sides is never compared.
+    mismatches: dict[str, str] = {}
+    for task, cur in current.items():
+        base = baseline.get(task)
+        if base is not None:
+            why = _identity_mismatch(cur, base, config.accept)
+            if why:
+                mismatches[task] = why
+
+    # Then every comparison's p-value, so Holm sees the whole family.
     comparisons: dict[str, _Comparison] = {}
     for task, cur in current.items():
         base = baseline.get(task)
-        if base is not None and base.n > 0 and cur.n > 0:
+        if base is not None and base.n > 0 and cur.n > 0 and task not in mismatches:
             comparisons[task] = _compare(cur, base, config.max_drop)
     adjusted = stats.holm_adjusted({t: c.p_value for t, c in comparisons.items()})
     # The strictest level Holm can apply to one task; power is judged there (Bonferroni bound).
@@ -439,12 +512,19 @@ def evaluate_gate(
     for task, cur in current.items():
         base = baseline.get(task)
         floor = floor_for(task, config.floors)
+        counted, not_graded, dropped = _accounting(cur, base)
         v = Verdict(
             task=task, verdict="pass", floor=floor, n_current=cur.n, errors=cur.errors,
-            declared=cur.declared, coverage=cur.coverage,
+            declared=counted, coverage=cur.n / counted if counted else 0.0,
             n_baseline=base.n if base is not None else 0,
             baseline_rate=(base.n_success / base.n) if base is not None and base.n else None,
+            not_graded=not_graded, policy=_policy_text(cur), baseline_policy=_policy_text(base),
         )
+        if task in mismatches:
+            v.verdict, v.test = "incomparable", "identity"
+            v.reason = mismatches[task]
+            verdicts.append(v)
+            continue
         if cur.all_skipped:
             _skipped_now(v, cur, base)
             verdicts.append(v)
@@ -481,15 +561,19 @@ def evaluate_gate(
                 more.append(extra)
             states.append((state, "floor", why))
         no_base = None if comp is not None else _no_baseline_reason(base, floor, have_baseline=bool(baseline))
+        missing = _named(not_graded)
 
-        if cur.n == 0 or cur.coverage < config.min_coverage:
+        if cur.n == 0 or (v.coverage or 0.0) < config.min_coverage or dropped:
             v.verdict, v.test = "insufficient coverage", "coverage"
             detail = "; ".join(reason for _, _, reason in states)
-            v.reason = (
-                f"{cur.n} of {cur.declared or cur.n + cur.errors} declared episodes finished without error"
-                f" ({cur.errors} errors), below the required {config.min_coverage:.0%}"
-                + (f"; {detail}" if detail else "")
-            )
+            if dropped:
+                head = (f"{len(dropped)} episode{'s' if len(dropped) != 1 else ''} graded in the baseline"
+                        f" {'were' if len(dropped) != 1 else 'was'} left out of this run; a suite must not pass"
+                        " by dropping episodes")
+            else:
+                head = (f"{cur.n} of {counted} counted episodes finished without error ({cur.errors} errors),"
+                        f" below the required {config.min_coverage:.0%}")
+            v.reason = head + (f"; not graded now: {missing}" if missing else "") + (f"; {detail}" if detail else "")
         elif not states:
             v.verdict, v.test, v.reason = "no baseline", "none", str(no_base)
         else:
@@ -500,7 +584,8 @@ def evaluate_gate(
                     v.test = hits[0][0]
                     # Lead with the reasons that decided, then mention the rest.
                     others = [reason for state, _, reason in states if state != kind]
-                    v.reason = "; ".join([reason for _, reason in hits] + others + ([no_base] if no_base else []))
+                    v.reason = "; ".join([reason for _, reason in hits] + others + ([no_base] if no_base else [])
+                                         + ([f"not graded now: {missing}"] if missing else []))
                     break
             if v.verdict == "inconclusive" and more:
                 v.more_episodes_needed = max(more)
@@ -509,21 +594,96 @@ def evaluate_gate(
     for task, base in baseline.items():
         if task in current:
             continue
+        ran = sorted(base.ran() if base.episodes is not None or base.successes else set(), key=_natural)
         v = Verdict(
             task=task, verdict="insufficient coverage", test="coverage", n_baseline=base.n,
             baseline_rate=(base.n_success / base.n) if base.n else None,
-            floor=floor_for(task, config.floors), coverage=0.0,
+            floor=floor_for(task, config.floors), coverage=0.0, declared=len(ran),
+            baseline_policy=_policy_text(base),
         )
         why = ("deselected in this run (-k/-m)" if task in deselected
                else "not collected in this run (renamed, removed, or its module skipped at import?)")
+        if ran:
+            v.not_graded = {("deselected" if task in deselected else "not collected"): ran}
         if base.n:
-            v.reason = f"graded in the baseline ({base.n} episodes) but not run now: {why}; a suite must not pass by dropping a task"
+            v.reason = (f"graded in the baseline ({base.n} episodes) but not run now: {why}; a suite must not"
+                        " pass by dropping a task")
         else:
             v.verdict, v.test, v.coverage = "skipped", "none", None
             v.reason = f"not run now: {why}, and no graded episode in the baseline" + (
                 f" (skipped there: {base.skip_reason})" if base.skip_reason else "")
         verdicts.append(v)
     return verdicts
+
+
+def _natural(episode: str) -> list[tuple[int, int | str]]:
+    """Episode ids with their numbers in numeric order (seed2 before seed10)."""
+    import re
+
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", episode) if part]
+
+
+def _accounting(cur: TaskOutcomes, base: TaskOutcomes | None) -> tuple[int, dict[str, list[str]], set[str]]:
+    """(episodes counted, {why: episode ids counted but not graded now}, ids the baseline graded
+    that this run left out on purpose): rule 1 of the module docstring."""
+    now = cur.ran()
+    counted = set(now)
+    base_ran = base.ran() if base is not None else set()
+    collected = set(cur.episodes or ()) | set(cur.deselected) | set(cur.skipped_ids) | set(cur.decided) | now
+    if base_ran & collected:  # the same episodes on both sides: every one the baseline ran counts
+        counted |= base_ran - set(cur.decided)
+    why: dict[str, list[str]] = {}
+    dropped: set[str] = set()
+    for ep in sorted(counted - set(cur.successes), key=_natural):
+        if ep in cur.errored:
+            reason = "errored"
+        elif ep in cur.skipped_ids:
+            reason = f"skipped ({cur.skipped_ids[ep] or 'no reason given'})"
+        elif ep in cur.deselected:
+            reason = "deselected (-k/-m)"
+        elif cur.episodes is None:
+            reason = "no record now (errored, or never run)"  # ids unknown: an old file
+        elif ep in cur.episodes:
+            reason = "declared but never reported (an interrupted run?)"
+        else:
+            reason = "not collected now"
+        why.setdefault(reason, []).append(ep)
+        if base is not None and ep in base.successes and reason.startswith(("skipped", "deselected")):
+            dropped.add(ep)
+    if cur.episodes is None:
+        # Without the declared ids (an old file, outcomes built by hand) the counts stand in: errors
+        # known only by number, and the declared count, still count.
+        return max(len(counted), cur.n + cur.errors, cur.declared), why, dropped
+    return len(counted), why, dropped
+
+
+def _named(not_graded: Mapping[str, list[str]], limit: int = 10) -> str:
+    """``deselected (-k/-m): 7, 8; errored: 2`` with at most ``limit`` ids per reason."""
+    parts = []
+    for why, eps in not_graded.items():
+        shown = ", ".join(eps[:limit]) + (f" and {len(eps) - limit} more" if len(eps) > limit else "")
+        parts.append(f"{why}: episode{'s' if len(eps) != 1 else ''} {shown}")
+    return "; ".join(parts)
+
+
+def _policy_text(outcomes: TaskOutcomes | None) -> str | None:
+    return ", ".join(sorted(outcomes.policies)) if outcomes is not None and outcomes.policies else None
+
+
+def _identity_mismatch(cur: TaskOutcomes, base: TaskOutcomes, accept: Collection[str]) -> str | None:
+    """Why the two sides are not the same task (None when every recorded field agrees)."""
+    diffs = []
+    for name in TASK_FIELDS:
+        ours, theirs = cur.identity.get(name), base.identity.get(name)
+        if not ours or not theirs or ours == theirs or name in accept:
+            continue
+        diffs.append(f"{name} is {' or '.join(sorted(theirs))} in the baseline and {' or '.join(sorted(ours))} now")
+    if not diffs:
+        return None
+    names = [d.split(" ", 1)[0] for d in diffs]
+    return ("not the same task on both sides, so not compared: " + "; ".join(diffs)
+            + f". Record a new baseline for it, or accept the difference on purpose with"
+              f" {' '.join(f'--hud-accept-difference={n}' for n in names)}")
 
 
 def _skipped_now(v: Verdict, cur: TaskOutcomes, base: TaskOutcomes | None) -> None:
@@ -547,14 +707,18 @@ def _no_baseline_reason(base: TaskOutcomes | None, floor: float | None, *, have_
         return "not in the baseline (a new task?)"
     if base.all_skipped:
         return f"no baseline: skipped there ({base.skip_reason or 'no reason given'})"
-    return f"no baseline: none of its {base.errors} baseline episodes finished without error"
+    if not base.errors:
+        return "no baseline: the baseline has no episode of this task that ran"
+    return (f"no baseline: none of its {base.errors} baseline episode{'s' if base.errors != 1 else ''}"
+            " finished without error")
 
 
 # --------------------------------------------------------------------------------------------------
 # gate file
 # --------------------------------------------------------------------------------------------------
 
-_TOP_KEYS = ("alpha", "max_drop", "min_coverage", "power", "detect_drop", "tasks")
+_TOP_KEYS = ("alpha", "max_drop", "min_coverage", "power", "detect_drop", "accept_differences", "tasks")
+_NUMBER_KEYS = ("alpha", "max_drop", "min_coverage", "power", "detect_drop")
 _TASK_KEYS = ("min_success",)
 
 
@@ -598,7 +762,17 @@ def load_gate_file(text: str, *, source: str = "gate file") -> dict[str, Any]:
             f" known keys are {', '.join(_TOP_KEYS)}"
         )
     out: dict[str, Any] = {}
-    for key in _TOP_KEYS[:-1]:
+    if "accept_differences" in data:
+        accept = data["accept_differences"]
+        if isinstance(accept, str):
+            accept = [accept]
+        if not isinstance(accept, list) or not all(isinstance(a, str) for a in accept):
+            raise ValueError(f"{source}: accept_differences must be a list of field names, e.g. [build],"
+                             f" got {accept!r}")
+        out_accept = tuple(accept)
+    else:
+        out_accept = None
+    for key in _NUMBER_KEYS:
         if key in data:
             value = data[key]
             if not _is_number(value):
@@ -636,6 +810,8 @@ def load_gate_file(text: str, *, source: str = "gate file") -> dict[str, Any]:
                     )
                 floors[pattern] = float(value)
         out["floors"] = floors
+    if out_accept is not None:
+        out["accept"] = out_accept
     try:
         GateConfig(**out)  # one place for the range rules
     except ValueError as exc:
@@ -643,33 +819,92 @@ def load_gate_file(text: str, *, source: str = "gate file") -> dict[str, Any]:
     return out
 
 
-def outcomes_from_records(records: Iterable[Any], declared: Mapping[str, int] | None = None) -> dict[str, TaskOutcomes]:
-    """The gate's view of episode records (anything with task, episode, outcome, success).
+def outcomes_from_records(records: Iterable[Any], declared: Mapping[str, int] | None = None, *,
+                          episodes: Mapping[str, Iterable[str]] | None = None,
+                          deselected: Mapping[str, Iterable[str]] | None = None) -> dict[str, TaskOutcomes]:
+    """The gate's view of episode records (anything with task, episode, outcome, success, identity).
 
     Only the last record of each (task, episode) counts (reruns and resumes append). Errored
     episodes are left out of the success map and counted as errors; skipped episodes (a task that
     sequential mode decided early) count as neither and are not expected in ``declared`` either.
+    ``episodes`` (task -> the episode ids the run declared) and ``deselected`` (task -> the ids
+    ``-k``/``-m`` left out) give the episode-level accounting; without ``episodes`` the records
+    stand in for what was declared, and ``declared`` (task -> count) for how many.
     """
     latest: dict[tuple[str, str], Any] = {}
     for rec in records:
         latest[(rec.task, str(rec.episode))] = rec
-    out: dict[str, TaskOutcomes] = {task: TaskOutcomes({}, 0, int(n)) for task, n in (declared or {}).items()}
+    tasks = set(declared or ()) | set(episodes or ()) | {task for task, _ in latest}
+    out = {task: TaskOutcomes({}, 0, int((declared or {}).get(task, 0))) for task in sorted(tasks)}
+    for task, ids in (episodes or {}).items():
+        out[task].episodes = frozenset(str(e) for e in ids)
+    for task, ids in (deselected or {}).items():
+        if task in out:
+            out[task].deselected = frozenset(str(e) for e in ids)
+    errored: dict[str, set[str]] = {}
+    decided: dict[str, set[str]] = {}
+    identity: dict[str, dict[str, set[str]]] = {}
+    policies: dict[str, set[str]] = {}
     for (task, episode), rec in latest.items():
-        outcomes = out.setdefault(task, TaskOutcomes({}, 0, 0))
+        outcomes = out[task]
         if rec.outcome == "error":
             outcomes.errors += 1
+            errored.setdefault(task, set()).add(episode)
         elif rec.outcome == "skipped":
             outcomes.skipped += 1
-            outcomes.skip_reason = outcomes.skip_reason or getattr(rec, "skip_reason", None)
+            reason = getattr(rec, "skip_reason", None)
+            outcomes.skip_reason = outcomes.skip_reason or reason
+            if str(reason or "").startswith(SEQUENTIAL_SKIP):
+                decided.setdefault(task, set()).add(episode)
+            else:
+                outcomes.skipped_ids[episode] = reason
         elif rec.outcome in ("passed", "failed") and rec.success is not None:
             outcomes.successes[episode] = bool(rec.success)
-    for outcomes in out.values():
+        ident = getattr(rec, "identity", None) or {}
+        if rec.outcome != "skipped" and ident:
+            fields = identity.setdefault(task, {})
+            for name in TASK_FIELDS:
+                if name in ident:
+                    fields.setdefault(name, set()).add(_canonical(ident[name]))
+            if ident.get("policy"):
+                digest = str(ident.get("policy_hash") or "")
+                digest = digest.split(":", 1)[-1][:12]
+                policies.setdefault(task, set()).add(f"{ident['policy']}" + (f" (hash {digest})" if digest else ""))
+    for task, outcomes in out.items():
+        outcomes.errored = frozenset(errored.get(task, ()))
+        outcomes.decided = frozenset(decided.get(task, ()))
+        outcomes.identity = {name: frozenset(values) for name, values in identity.get(task, {}).items()}
+        outcomes.policies = frozenset(policies.get(task, ()))
+        if outcomes.episodes is not None:
+            outcomes.declared = len(outcomes.episodes)
         outcomes.declared = max(outcomes.declared, outcomes.n + outcomes.errors + outcomes.skipped)
         outcomes.declared -= outcomes.skipped
     return out
 
 
-def outcomes_from_results(results: Any) -> dict[str, TaskOutcomes]:
-    """The gate's view of a loaded results file (a :class:`pytest_hud.results.Results`)."""
+def _canonical(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def outcomes_from_results(results: Any, *, as_baseline: bool = False) -> dict[str, TaskOutcomes]:
+    """The gate's view of a loaded results file (a :class:`pytest_hud.results.Results`).
+
+    Its header's declared episodes are what the run meant to run, so an incomplete file (a killed
+    run) still counts every episode it did not finish. As a baseline (``as_baseline``) an
+    incomplete file counts only the episodes it has: the user accepted it knowingly.
+    """
     declared = {task: summary.declared for task, summary in results.tasks().items()}
-    return outcomes_from_records(results.latest_episodes(), declared)
+    episodes = results.declared_episodes()
+    if as_baseline and not results.complete:
+        episodes, declared = None, {}
+    return outcomes_from_records(results.latest_episodes(), declared, episodes=episodes,
+                                 deselected=results.deselected_episodes())
+
+
+def unmatched_floors(floors: Mapping[str, float], tasks: Iterable[str]) -> list[str]:
+    """The floor patterns (task ids or globs) that match none of ``tasks``."""
+    tasks = list(tasks)
+    return [pattern for pattern in floors
+            if pattern not in tasks and not any(fnmatch.fnmatchcase(task, pattern) for task in tasks)]

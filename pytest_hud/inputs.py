@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .results import EpisodeRecord, Results, load_results
+from .results import EpisodeRecord, Results, gate_input_problem, load_results
 from .settings import HudSettings, SettingsError
 
 __all__ = ["RunInputs", "load_inputs"]
@@ -50,6 +50,11 @@ def load_inputs(settings: HudSettings, here: Path, *, video_explicit: bool = Fal
                 loaded[key] = load_results(getattr(settings, key))
             except ValueError as exc:
                 raise SettingsError(f"--hud-{key}: {exc}") from None
+    if "baseline" in loaded:
+        problem = gate_input_problem(loaded["baseline"], "baseline",
+                                     allow_incomplete=settings.allow_incomplete_baseline)
+        if problem:
+            raise SettingsError(f"--hud-baseline: {problem}")
     resumable = {}
     if "resume" in loaded:  # finished episodes (passed or failed; errors run again) by (task, episode)
         resumable = {(r.task, str(r.episode)): r for r in loaded["resume"].latest_episodes()
@@ -90,12 +95,20 @@ def _check_environment(settings: HudSettings, here: Path, video_explicit: bool,
             for d in added:
                 sys.path.remove(d)
     if settings.policy:
-        from .agent.model import PolicyError, policy_kind
+        from .agent.model import PolicyError, check_policy_spec
 
+        added = [str(d) for d in test_dirs if str(d) not in sys.path]
+        sys.path[:0] = added  # a module beside the tests resolves, as for --hud-sim
         try:
-            policy_kind(settings.policy)
+            check_policy_spec(settings.policy, here)
         except PolicyError as exc:
             raise SettingsError(f"--hud-policy: {exc}") from None
+        finally:
+            for d in added:
+                sys.path.remove(d)
+    if settings.results and (here / settings.results).is_dir():
+        raise SettingsError(f"--hud-results {settings.results!r} is a directory: name the results file, e.g. "
+                            f"{str(Path(settings.results) / 'hud-results.jsonl')!r}")
     if settings.sim_url and not Path(settings.sim_url).is_file():
         raise SettingsError(
             f"--hud-sim-url {settings.sim_url!r}: no such announce file; start a bridge with "
@@ -133,7 +146,10 @@ def _gate_config(settings: HudSettings, here: Path):
     for key in ("alpha", "max_drop", "min_coverage"):
         if getattr(settings, key) is not None:
             data[key] = getattr(settings, key)
+    if settings.accepted_differences:
+        data["accept"] = tuple(dict.fromkeys((*data.get("accept", ()), *settings.accepted_differences)))
     try:
         return GateConfig(**data)
     except (TypeError, ValueError) as exc:
-        raise SettingsError(f"gate settings: {exc}") from None
+        where = "--hud-accept-difference" if "accept a difference" in str(exc) else "gate settings"
+        raise SettingsError(f"{where}: {exc}") from None

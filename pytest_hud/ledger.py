@@ -34,6 +34,7 @@ class Ledger:
         self.gated_by_file = gated_by_file
         self.declared: dict[str, dict[str, Any]] = {}  # nodeid -> identity (task, episode, seed, ...)
         self.deselected: set[str] = set()  # tasks deselected with -k/-m
+        self.deselected_episodes: dict[str, set[str]] = {}  # task -> episode ids deselected with -k/-m
         self.records: dict[str, EpisodeRecord] = {}  # nodeid -> the episode's record
         self.floors: dict[str, float] = {}  # task -> min_success from markers
         self.shard: dict[str, Any] | None = None  # --hud-shard: {"index", "count", "suite": {task: [episodes]}}
@@ -41,13 +42,18 @@ class Ledger:
 
     # ----------------------------------------------------------------- input
     def declare(self, episodes: Iterable[Mapping[str, Any]], deselected: Iterable[str] = (),
-                shard: Mapping[str, Any] | None = None) -> int:
+                shard: Mapping[str, Any] | None = None,
+                deselected_episodes: Mapping[str, Iterable[str]] | None = None) -> int:
         """Episodes this run will run (after deselection); a worker may declare the same ones again.
 
-        ``shard`` (``--hud-shard``): this shard's index and count and the whole suite, so that the
-        gate leaves the other shards' episodes out instead of calling them missing.
+        ``deselected`` names the tasks and ``deselected_episodes`` the episodes (task -> ids) that
+        ``-k``/``-m`` left out. ``shard`` (``--hud-shard``): this shard's index and count and the
+        whole suite, so that the gate leaves the other shards' episodes out instead of calling them
+        missing.
         """
         self.deselected.update(deselected)
+        for task, ids in (deselected_episodes or {}).items():
+            self.deselected_episodes.setdefault(str(task), set()).update(str(e) for e in ids)
         if shard is not None and self.shard is None:
             self.shard = {"index": int(shard["index"]), "count": int(shard["count"]),
                           "suite": {str(t): [str(e) for e in eps] for t, eps in dict(shard["suite"]).items()}}
@@ -87,7 +93,8 @@ class Ledger:
     def resume_lookup(self, task: str, episode: str, identity: Mapping[str, Any]) -> dict[str, Any] | None:
         """The earlier record of this episode, if it ran with exactly this identity (policy, sim, ...)."""
         record = self.resumable.get((task, str(episode)))
-        if record is None or to_builtin(record.identity) != to_builtin(dict(identity)):
+        # The contract is learned from the bridge once the episode runs: not known before, not matched.
+        if record is None or _without_contract(record.identity) != _without_contract(identity):
             return None
         return record.to_dict()
 
@@ -118,6 +125,24 @@ class Ledger:
             test.record(record.episode, current, base[record.episode])
 
     # ---------------------------------------------------------------- summary
+    def declared_ids(self) -> dict[str, list[str]]:
+        """Task -> the episode ids this run declared, in declaration order (the results header)."""
+        out: dict[str, list[str]] = {}
+        for ident in self.declared.values():
+            out.setdefault(ident["task"], []).append(str(ident["episode"]))
+        return out
+
+    def deselected_ids(self) -> dict[str, list[str]]:
+        """Task -> the episode ids ``-k``/``-m`` deselected (the results header)."""
+        return {task: sorted(ids) for task, ids in sorted(self.deselected_episodes.items())}
+
+    def collected_tasks(self) -> set[str]:
+        """Every task the run collected: declared, deselected, or in another shard."""
+        tasks = {ident["task"] for ident in self.declared.values()} | set(self.deselected)
+        if self.shard is not None:
+            tasks |= set(self.shard["suite"])
+        return tasks
+
     def declared_by_task(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for ident in self.declared.values():
@@ -148,14 +173,19 @@ class Ledger:
         """Verdicts per task (None when no baseline, gate file or floor is configured)."""
         if not self.gated:
             return None
-        current = outcomes_from_records(self.records.values(), self.declared_by_task())
-        base = outcomes_from_results(self.baseline) if self.baseline is not None else None
+        current = outcomes_from_records(self.records.values(), self.declared_by_task(),
+                                        episodes=self.declared_ids(), deselected=self.deselected_ids())
+        base = outcomes_from_results(self.baseline, as_baseline=True) if self.baseline is not None else None
         others = self.other_shards()
         if base is not None and others:
             # A shard is gated against the same episodes of the baseline; the other shards'
             # episodes are theirs to gate (and the merged file's), not missing here.
             kept = [r for r in self.baseline.latest_episodes() if (r.task, str(r.episode)) not in others]
-            base = outcomes_from_records(kept)
+            declared = self.baseline.declared_episodes() if self.baseline.complete else None
+            if declared is not None:
+                declared = {t: kept_eps for t, eps in declared.items()
+                            if (kept_eps := [e for e in eps if (t, e) not in others])}
+            base = outcomes_from_records(kept, episodes=declared)
         floors = {**self.gate_config.floors, **self.floors}  # marker floors are exact task ids: they win
         verdicts = evaluate_gate(current, base, replace(self.gate_config, floors=floors),
                                  deselected=self.deselected - set(current))
@@ -187,3 +217,7 @@ class Ledger:
                 key = f"{ident['sim']} {ident.get('build') or ''}"
                 sims[key] = {"sim": ident["sim"], "build": ident.get("build") or {}}
         return list(policies.values()), list(sims.values())
+
+
+def _without_contract(identity: Mapping[str, Any] | None) -> Any:
+    return to_builtin({k: v for k, v in dict(identity or {}).items() if k != "contract"})

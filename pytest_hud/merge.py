@@ -189,7 +189,8 @@ def _merged_lines(files: Sequence[Results], shards: list[dict[str, Any]], suite:
     finishes = sorted(str(r.summary.get("finished")) for r in files if r.summary and r.summary.get("finished"))
     return [
         {"record": "run", "schema": SCHEMA, "run_id": secrets.token_hex(8),
-         "started": starts[0] if starts else None, "provenance": to_builtin(provenance)},
+         "started": starts[0] if starts else None, "provenance": to_builtin(provenance),
+         "declared": {task: list(eps) for task, eps in suite.items()}, "deselected": {}},
         *({"record": "episode", **r.to_dict()} for r in records),
         {"record": "summary", "schema": SCHEMA, "finished": finishes[-1] if finishes else None,
          "tasks": {t: s.to_dict() for t, s in tasks.items()}, "coverage": to_builtin(coverage), "gate": None,

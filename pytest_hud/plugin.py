@@ -58,6 +58,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         if opt.type is bool:
             group.addoption(flag(name), dest=f"hud_{name}", action="store_true", default=None, help=opt.help + extra)
             parser.addini(f"hud_{name}", opt.help, type="bool", default=None)
+        elif opt.repeat:
+            group.addoption(flag(name), dest=f"hud_{name}", default=None, action="append", help=opt.help + extra)
+            parser.addini(f"hud_{name}", opt.help, default=None)
         else:
             group.addoption(flag(name), dest=f"hud_{name}", default=None, type=opt.type, help=opt.help + extra)
             parser.addini(f"hud_{name}", opt.help, default=None)
@@ -65,6 +68,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _raw_options(config: pytest.Config) -> tuple[dict[str, Any], dict[str, Any]]:
     cli = {name: config.getoption(f"hud_{name}", None) for name in OPTIONS}
+    for name, opt in OPTIONS.items():
+        if opt.repeat and isinstance(cli[name], list):
+            cli[name] = ",".join(cli[name])
     ini = {name: config.getini(f"hud_{name}") for name in OPTIONS}
     return cli, ini
 

@@ -3,12 +3,19 @@
 The results file is JSON Lines so that nothing finished is lost: every episode is appended (and
 flushed to disk) the moment its report reaches the controller, and a crash leaves a valid file.
 
-    {"record": "run", "schema": "pytest-hud/results/1", "run_id": ..., "started": ..., "provenance": {...}}
+    {"record": "run", "schema": "pytest-hud/results/1", "run_id": ..., "started": ..., "provenance": {...},
+     "declared": {TASK: [episode ids]}, "deselected": {TASK: [episode ids]}}
     {"record": "episode", "task": "evals/test_cartpole.py::test_balance", "episode": "7", "seed": 7,
      "outcome": "passed", "success": true, "score": 1.0, "total_reward": 500.0, "steps": 500, ...}
     ...
     {"record": "summary", "tasks": {TASK: {n, successes, success_rate, ci_low, ci_high, ...}},
      "coverage": {...}, "gate": {...} | null, "provenance": {...}}
+
+The run record is written before the first episode runs and lists every episode the run declared
+(after ``-k``/``-m``; ``deselected`` lists the ones those left out), so a file is interpretable
+without its summary: a killed run's file is *incomplete* (:attr:`Results.complete`), and what it
+did not finish is known. A shard's file (``--hud-shard I/N``) says so in its provenance
+(:attr:`Results.shard`).
 
 ``load_results(path)`` reads it back (a file without a summary line, from a killed run, loads too).
 """
@@ -33,6 +40,7 @@ __all__ = [
     "Results",
     "ResultsWriter",
     "aggregate",
+    "gate_input_problem",
     "load_results",
     "to_builtin",
 ]
@@ -181,10 +189,32 @@ class Results:
         """False for a file left by a killed run (no summary line)."""
         return self.summary is not None
 
+    @property
+    def shard(self) -> dict[str, Any] | None:
+        """``{"index", "count", ...}`` for one shard's file (``--hud-shard I/N``), else None."""
+        shard = (self.run.get("provenance") or {}).get("shard")
+        return shard if isinstance(shard, dict) else None
+
+    def declared_episodes(self) -> dict[str, list[str]] | None:
+        """Task -> the episode ids the run declared (its header); None for a file that predates it."""
+        declared = self.run.get("declared")
+        if not isinstance(declared, dict):
+            return None
+        return {str(t): [str(e) for e in eps] for t, eps in declared.items()}
+
+    def deselected_episodes(self) -> dict[str, list[str]]:
+        """Task -> the episode ids that ``-k``/``-m`` deselected in the run (its header)."""
+        deselected = self.run.get("deselected")
+        if not isinstance(deselected, dict):
+            return {}
+        return {str(t): [str(e) for e in eps] for t, eps in deselected.items()}
+
     def tasks(self) -> dict[str, TaskSummary]:
         declared = None
         if self.summary:
             declared = {t: s.get("declared", 0) for t, s in self.summary.get("tasks", {}).items()}
+        elif self.declared_episodes() is not None:  # an incomplete file: its header says what was meant to run
+            declared = {t: len(eps) for t, eps in (self.declared_episodes() or {}).items()}
         return aggregate(self.latest_episodes(), declared)
 
     def latest_episodes(self) -> list[EpisodeRecord]:
@@ -199,6 +229,28 @@ class Results:
         if self.summary and self.summary.get("provenance"):
             return self.summary["provenance"]
         return self.run.get("provenance", {})
+
+
+def gate_input_problem(results: Results, side: str, *, allow_incomplete: bool = False,
+                       allow_flag: str = "--hud-allow-incomplete-baseline") -> str | None:
+    """Why ``results`` cannot be one ``side`` of a gate ("baseline" or "results"); None when it can.
+
+    One shard's file is never gated (the merged file of all shards is); a baseline without its
+    summary line (a killed or still running pytest) is refused unless ``allow_incomplete``, since
+    what it lacks would be compared as if it had never been declared. A results file without its
+    summary is fine: its header's declared episodes count what it did not finish.
+    """
+    name = results.path or "the file"
+    shard = results.shard
+    if shard is not None:
+        return (f"{name} is the results file of one shard ({shard.get('index')}/{shard.get('count')}) of a"
+                f" sharded suite: a gate compares whole suites. Merge the shards first,"
+                f" `python -m pytest_hud merge SHARD.jsonl ... -o ALL.jsonl`, and use ALL.jsonl as the {side}")
+    if side == "baseline" and not results.complete and not allow_incomplete:
+        return (f"{name} is incomplete: it has no summary line (its run was killed, or is still running), so"
+                f" the episodes it lacks are unknown as a baseline. Use a finished run's file, or pass"
+                f" {allow_flag} to gate against the {len(results.latest_episodes())} episodes it has")
+    return None
 
 
 def load_results(path: str | os.PathLike[str]) -> Results:
@@ -240,7 +292,8 @@ class ResultsWriter:
     """Appends records to the results file, flushing and fsyncing each episode as it lands."""
 
     def __init__(self, path: str | os.PathLike[str], provenance: Mapping[str, Any], run_id: str,
-                 append: bool = False) -> None:
+                 append: bool = False, declared: Mapping[str, Iterable[str]] | None = None,
+                 deselected: Mapping[str, Iterable[str]] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mode = "a" if append and self.path.exists() else "w"
@@ -248,9 +301,13 @@ class ResultsWriter:
             _drop_torn_tail(self.path)  # a killed run may have left half a line: never glue onto it
         self._fh = open(self.path, mode, encoding="utf-8")
         if mode == "w":
-            self._write({"record": "run", "schema": SCHEMA, "run_id": run_id,
-                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         "provenance": to_builtin(dict(provenance))})
+            header: dict[str, Any] = {"record": "run", "schema": SCHEMA, "run_id": run_id,
+                                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                      "provenance": to_builtin(dict(provenance))}
+            if declared is not None:
+                header["declared"] = {str(t): [str(e) for e in eps] for t, eps in sorted(declared.items())}
+                header["deselected"] = {str(t): [str(e) for e in eps] for t, eps in sorted((deselected or {}).items())}
+            self._write(header)
 
     def _write(self, obj: Mapping[str, Any]) -> None:
         self._fh.write(json.dumps(obj, sort_keys=False) + "\n")

@@ -35,6 +35,7 @@ class Option:
     default: Any
     help: str
     choices: tuple[str, ...] = ()
+    repeat: bool = False  # the flag may be given several times; the values join with commas
 
 
 OPTIONS: dict[str, Option] = {
@@ -70,6 +71,12 @@ OPTIONS: dict[str, Option] = {
     "max_drop": Option(float, None, "Tolerated drop in success rate; smaller drops never fail (default 0)"),
     "min_coverage": Option(float, None, "Fraction of declared episodes that must finish without error (default 0.9)"),
     "sequential": Option(bool, False, "Stop running a task's episodes once the gate has decided it (anytime-valid)"),
+    "strict": Option(bool, False, "Fail the gate on inconclusive tasks too (not enough episodes to see a drop)"),
+    "accept_difference": Option(str, None, "Compare with the baseline although this field of the task differs on "
+                                "purpose: sim, build, max_steps, contract or n_action_steps (repeat the flag or "
+                                "separate with commas)", repeat=True),
+    "allow_incomplete_baseline": Option(bool, False, "Gate against a baseline without its summary line (a killed "
+                                        "run's file): only the episodes it has count"),
     "resume": Option(str, None, "Reuse finished episodes of this results file instead of running them again"),
     "video": Option(str, "failed", "MP4 videos of episodes with cameras: none, failed or all", ("none", "failed", "all")),
     "video_dir": Option(str, None, "Directory for videos (default: hud-videos beside --html, --hud-html or --hud-results)"),
@@ -184,6 +191,9 @@ class HudSettings:
     max_drop: float | None = None
     min_coverage: float | None = None
     sequential: bool = False
+    strict: bool = False
+    accept_difference: str | None = None
+    allow_incomplete_baseline: bool = False
     resume: str | None = None
     video: str = "failed"
     video_dir: str | None = None
@@ -252,6 +262,16 @@ class HudSettings:
                                 "(without it each worker loads the policy itself)")
         if self.shard is not None:
             self.shard_spec  # noqa: B018 - raises SettingsError for a bad I/N
+        if self.allow_incomplete_baseline and not self.baseline:
+            raise SettingsError("--hud-allow-incomplete-baseline is about --hud-baseline: add --hud-baseline FILE")
+        if self.accept_difference is not None and not self.accepted_differences:
+            raise SettingsError("--hud-accept-difference needs a field name: sim, build, max_steps, contract or "
+                                "n_action_steps")
+
+    @property
+    def accepted_differences(self) -> tuple[str, ...]:
+        """``--hud-accept-difference`` as field names (checked against the gate's task fields there)."""
+        return tuple(part.strip() for part in (self.accept_difference or "").split(",") if part.strip())
 
     @property
     def resources(self) -> dict[str, dict[str, float]]:

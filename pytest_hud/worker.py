@@ -109,11 +109,19 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
                 # (resumed episodes may all be replayed: their bridge starts when one runs)
                 build = dict(settings.build or {})
                 sims[(settings.sim, json.dumps(build, sort_keys=True))] = [settings.sim, build]
-    deselected = sorted({item_identity(i)["task"] for i in session.config.stash.get(DESELECTED_KEY, [])})
+    deselected_episodes: dict[str, list[str]] = {}
+    for item in session.config.stash.get(DESELECTED_KEY, []):
+        ident = item_identity(item)
+        deselected_episodes.setdefault(ident["task"], []).append(ident["episode"])
+    deselected = sorted(deselected_episodes)
     shard = session.config.stash.get(SHARD_KEY, None)
     if not declared and not deselected and shard is None:
         return None
-    data = {"episodes": declared, "worker": hud.worker, "deselected": deselected}
+    data = {"episodes": declared, "worker": hud.worker, "deselected": deselected,
+            "deselected_episodes": deselected_episodes}
+    problems = _policy_problems(used, Path(str(session.config.invocation_params.dir)))
+    if problems:  # the controller makes them a usage error before anything is written
+        data["problems"] = problems
     if used:  # the controller hashes them now, once, for every record's identity (run_identity)
         from .agent.model import policy_files
 
@@ -129,11 +137,40 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     return data
 
 
+def _policy_problems(specs: set[str], here: Path) -> list[str]:
+    """What is wrong with the policy specs the run's tests use (markers included), checked statically."""
+    from .agent.model import PolicyError, check_policy_spec
+
+    problems = []
+    for spec in sorted(specs):
+        try:
+            check_policy_spec(spec, here)
+        except PolicyError as exc:
+            problems.append(f"policy of a test: {exc}")
+    return problems
+
+
 def declare_episodes(session: pytest.Session, hud: HudSession | None) -> None:
-    """Declare this run's episodes so coverage has a true denominator."""
+    """Declare this run's episodes so coverage has a true denominator.
+
+    The controller checks the declaration (floors that match no task, policies that cannot load);
+    a problem is a usage error before any episode runs: raised here without xdist, and by the
+    controller with it (this worker then runs nothing).
+    """
+    from .jsonrpc import RpcError
+
     data = declaration(session, hud) if hud is not None else None
-    if data is not None:
+    if data is None:
+        return
+    try:
         hud.pool_call("declare", **data)
+    except RpcError as exc:
+        if not (isinstance(exc.data, dict) and exc.data.get("usage_error")):
+            raise
+        if hasattr(session.config, "workerinput"):
+            session.items[:] = []  # the controller stops the run with the usage error
+            return
+        raise pytest.UsageError(exc.message) from None
 
 
 def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
@@ -144,9 +181,15 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
     policy, cache = settings.policy, hud.policy_hashes
     if policy not in cache:  # the files as this worker finds them, hashed once per run by the controller
         cache[policy] = hud.pool_call("policy_hash", spec=policy, files=policy_files(policy)) if policy else None
-    return {"plugin_version": __version__, "policy": policy, "policy_hash": cache[policy],
-            "sim": settings.sim, "build": settings.build,
-            "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps)}
+    identity = {"plugin_version": __version__, "policy": policy, "policy_hash": cache[policy],
+                "sim": settings.sim, "build": settings.build,
+                "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps),
+                "n_action_steps": hud.settings.n_action_steps}
+    contract = next((ep.contract for ep in reversed(item.stash.get(EPISODES_KEY, []))
+                     if getattr(ep, "contract", None) is not None), None)
+    if contract is not None:  # what the policy saw and sent: part of what defines the task
+        identity["contract"] = contract.signature()
+    return identity
 
 
 def with_placement(record: dict[str, Any], episodes: list[Any], policy: dict[str, Any] | None) -> dict[str, Any]:
@@ -208,6 +251,7 @@ class WorkerHooks:
                                       items: list[pytest.Item]) -> None:
         select_shard(config, items, self.hud.settings)
 
+    @pytest.hookimpl(tryfirst=True)  # before xdist tells the controller that collection finished
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         declare_episodes(session, self.hud)
 

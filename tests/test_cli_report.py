@@ -128,21 +128,21 @@ def test_a_file_from_a_killed_run_still_reports(tmp_path: Path) -> None:
     assert "(incomplete)" in proc.stdout and "no summary line" in proc.stderr
 
 
-def test_missing_and_invalid_files_are_clear_errors_with_exit_2(good: Path, tmp_path: Path) -> None:
+def test_missing_and_invalid_files_are_clear_errors_with_exit_4(good: Path, tmp_path: Path) -> None:
     proc = hud("report", str(tmp_path / "nope.jsonl"), cwd=tmp_path)
-    assert proc.returncode == 2
+    assert proc.returncode == 4
     assert "nope.jsonl" in proc.stderr and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
 
     junk = tmp_path / "junk.json"
     junk.write_text('{"hello": "world"}\n')
     proc = hud("report", str(good), "--compare", str(junk), cwd=tmp_path)
-    assert proc.returncode == 2
+    assert proc.returncode == 4
     assert "BASELINE" in proc.stderr and "not a pytest-hud results" in proc.stderr
 
     proc = hud("report", str(good), "--compare", str(good), "--alpha", "2", cwd=tmp_path)
-    assert proc.returncode == 2 and "alpha" in proc.stderr
+    assert proc.returncode == 4 and "alpha" in proc.stderr
 
-    assert hud("report", cwd=tmp_path).returncode == 2  # argparse: RESULTS is required
+    assert hud("report", cwd=tmp_path).returncode == 4  # argparse: RESULTS is required
 
 
 def test_report_can_also_write_the_html_page(good: Path, tmp_path: Path) -> None:

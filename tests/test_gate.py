@@ -101,10 +101,15 @@ def test_pairing_needs_most_episodes_shared_on_both_sides() -> None:
     cur_ids = {f"seed{i}": i >= 6 for i in range(18)} | {"extra0": False, "extra1": False}
     v = only(evaluate_gate({"t": TaskOutcomes(cur_ids, declared=20)}, {"t": base}))
     assert v.test == "paired-mcnemar" and v.n_pairs == 18 and v.discordant == (6, 0)
-    # 10 of 20 shared (50%): unpaired over all episodes.
+    # The baseline's 20 shared among 40 (50%): unpaired over all episodes.
+    cur_ids = {f"seed{i}": True for i in range(20)} | {f"other{i}": False for i in range(20)}
+    v = only(evaluate_gate({"t": TaskOutcomes(cur_ids, declared=40)}, {"t": base}))
+    assert v.test == "unpaired-boschloo" and v.n_current == 40 and v.n_baseline == 20
+    # Half the baseline's episodes no longer collected: they count against coverage, by name.
     cur_ids = {f"seed{i}": True for i in range(10)} | {f"other{i}": False for i in range(10)}
-    v = only(evaluate_gate({"t": TaskOutcomes(cur_ids, declared=20)}, {"t": base}))
-    assert v.test == "unpaired-boschloo" and v.n_current == 20 and v.n_baseline == 20
+    v = only(evaluate_gate({"t": TaskOutcomes(cur_ids, declared=20, episodes=frozenset(cur_ids))}, {"t": base}))
+    assert v.verdict == "insufficient coverage" and v.coverage == pytest.approx(20 / 30)
+    assert v.not_graded == {"not collected now": [f"seed{i}" for i in range(10, 20)]}
 
 
 def test_holm_correction_spreads_alpha_over_tasks() -> None:
@@ -298,9 +303,13 @@ def test_verdicts_serialise_to_builtin_types_only() -> None:
         assert json.loads(json.dumps(d, allow_nan=False)) == d
 
         def check(value: object) -> None:
-            assert type(value) in (str, int, float, bool, list, type(None)), (d["task"], value)
+            assert type(value) in (str, int, float, bool, list, dict, type(None)), (d["task"], value)
             if isinstance(value, list):
                 for item in value:
+                    check(item)
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    assert type(key) is str
                     check(item)
 
         for value in d.values():

@@ -175,10 +175,10 @@ def test_merge_reports_a_missing_shard_and_duplicate_episodes(project):
     # Not shards of one suite or policy: usage errors (2), naming the files.
     run(project, "--hud-policy=policies:lean", "--hud-shard=2/3", "--hud-results=lean-2.jsonl")
     other = cli(project, "merge", one, project.path / "lean-2.jsonl", three, "-o", "all.jsonl")
-    assert other.returncode == 2 and "policy differ" in other.stderr and "lean-2.jsonl" in other.stderr
+    assert other.returncode == 4 and "policy differ" in other.stderr and "lean-2.jsonl" in other.stderr
     run(project, "--hud-policy=policies:tilt", "--hud-results=whole.jsonl")
     unsharded = cli(project, "merge", one, "whole.jsonl", "-o", "all.jsonl")
-    assert unsharded.returncode == 2 and "whole.jsonl is not a shard's results file" in unsharded.stderr
+    assert unsharded.returncode == 4 and "whole.jsonl is not a shard's results file" in unsharded.stderr
 
 
 @pytest.mark.parametrize("value, says", [

@@ -28,7 +28,7 @@ import numpy as np
 from ..contract import Contract
 from .lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
 
-__all__ = ["Model", "PolicyError", "as_model", "load_policy", "policy_kind", "policy_content_hash"]
+__all__ = ["Model", "PolicyError", "as_model", "check_policy_spec", "load_policy", "policy_kind", "policy_content_hash"]
 
 
 class PolicyError(ValueError):
@@ -79,6 +79,80 @@ def policy_kind(spec: str) -> str:
         "checkpoint directory (config.json + model.safetensors) nor a ws:// policy-server URL"
         + _why_not_a_checkpoint(Path(spec).expanduser())
     )
+
+
+def check_policy_spec(spec: str, here: Path | None = None) -> str:
+    """Check a policy spec without running any of its code; returns its kind, raises :class:`PolicyError`.
+
+    A ``file.py:factory`` file must exist (relative to ``here``, the directory pytest runs in, as
+    the workers load it) and define ``factory`` at its top level; a ``module:factory`` module must
+    be importable here, and its source, when it is a Python file, must define ``factory``. The
+    module is found, not imported (a policy module may import torch: seconds the controller need
+    not spend). A module whose top level decides its names at run time (``from x import *``, a
+    module ``__getattr__``) is given the benefit of the doubt.
+    """
+    kind = policy_kind(spec)
+    if kind != "factory":
+        return kind
+    where, _, attr = spec.rpartition(":")
+    if not attr or not where:
+        raise PolicyError(f"policy {spec!r} must be 'module:factory' or 'path/to/file.py:factory'")
+    if where.endswith(".py"):
+        file = Path(where).expanduser()
+        if not file.is_absolute() and here is not None:
+            file = here / file
+        if not file.is_file():
+            raise PolicyError(f"policy file {where!r} of {spec!r} does not exist"
+                              + (f" (looked in {str(here)!r})" if here is not None and not Path(where).is_absolute() else ""))
+    else:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(where)
+        except (ImportError, ValueError) as exc:
+            raise PolicyError(f"policy {spec!r}: module {where!r} cannot be found ({exc})") from None
+        if found is None:
+            from ..sim.target import unimportable
+
+            raise PolicyError(f"policy {spec!r}: {unimportable(where)} (name a module on the import path, "
+                              "or the file: 'path/to/file.py:factory')")
+        file = Path(found.origin) if found.origin and found.origin.endswith(".py") else None
+        if file is None:
+            return kind
+    names = _top_level_names(file)
+    if names is not None and attr not in names:
+        import difflib
+
+        close = difflib.get_close_matches(attr, sorted(names), n=1)
+        raise PolicyError(f"policy {spec!r}: {str(file)!r} defines no {attr!r}"
+                          + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return kind
+
+
+def _top_level_names(file: Path) -> set[str] | None:
+    """The names a Python file binds at its top level; None when they are only known by running it."""
+    import ast
+
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None  # the worker's import says what is wrong, with its traceback
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Global):
+            names.update(node.names)
+    if "__getattr__" in names:
+        return None
+    return names
 
 
 def _why_not_a_checkpoint(folder: Path) -> str:

@@ -137,7 +137,7 @@ def _tasks_table(tasks: Mapping[str, TaskSummary], verdicts: Mapping[str, Any] |
 
 
 def _gate_list(tasks: Iterable[str], verdicts: Mapping[str, Any]) -> str:
-    order = {"insufficient coverage": 0, "regression": 1, "inconclusive": 2, "pass": 3}
+    order = {"incomparable": 0, "insufficient coverage": 0, "regression": 1, "inconclusive": 2, "pass": 3}
     items = []
     for task in tasks:
         v = verdict_dict(verdicts.get(task))

@@ -26,6 +26,7 @@ VERDICT_BADGES: dict[str, str] = {
     "regression": "❌ regression",
     "inconclusive": "⚠️ inconclusive",
     "insufficient coverage": "⛔ insufficient coverage",
+    "incomparable": "⛔ incomparable",
 }
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#~])")
@@ -94,7 +95,7 @@ def coverage_text(coverage: Mapping[str, Any] | None) -> str:
 
 def _details(verdicts: Mapping[str, Any], tasks: list[str]) -> list[str]:
     """A collapsed list of every verdict's reason, worst first, so the table stays short."""
-    order = {"insufficient coverage": 0, "regression": 1, "inconclusive": 2, "pass": 3}
+    order = {"incomparable": 0, "insufficient coverage": 0, "regression": 1, "inconclusive": 2, "pass": 3}
     items = []
     for task in tasks:
         v = verdict_dict(verdicts.get(task))

@@ -31,6 +31,7 @@ VERDICT_COLOURS: dict[str, str] = {
     "regression": "#c62828",
     "inconclusive": "#e08a00",
     "insufficient coverage": "#6d6d6d",
+    "incomparable": "#4a4a4a",
 }
 #: Bar colour without a gate.
 DEFAULT_COLOUR = "#3a6ea5"

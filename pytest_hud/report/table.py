@@ -20,6 +20,7 @@ from typing import Any
 from ..results import TaskSummary
 
 __all__ = [
+    "gate_lines",
     "format_interval",
     "format_number",
     "format_rate",
@@ -158,6 +159,36 @@ def verdict_cell(verdict: Any) -> str:
 # (header, width) of the fixed numeric columns, right-aligned.
 _NUMERIC = (("n", 5), ("succ", 5), ("rate", 7), ("95% CI", 13), ("err", 4), ("mean ret", 9), ("ep/h", 7))
 _MIN_TASK = 12
+
+
+def gate_lines(verdicts: list[Any], *, strict: bool = False, reasons: bool = True) -> list[tuple[str, bool]]:
+    """The gate's lines for people, as ``(text, fails)``: every verdict other than pass with its
+    reason, the policies compared, and why nothing was compared. The terminal summary and
+    ``python -m pytest_hud report --compare`` print the same lines (``reasons=False``: all but the
+    verdicts' own, for a report that lists every verdict itself)."""
+    from ..gate import gate_passed, nothing_compared
+
+    lines: list[tuple[str, bool]] = []
+    for v in verdicts if reasons else ():
+        if v.verdict != "pass":
+            lines.append((f"gate: {v.verdict.upper()} {v.task}: {v.reason}", not gate_passed([v], strict=strict)))
+    pairs = sorted({(v.policy, v.baseline_policy) for v in verdicts if v.baseline_policy},
+                   key=lambda pair: (str(pair[0]), str(pair[1])))
+    if len(pairs) == 1:
+        ours, theirs = pairs[0]
+        if ours != theirs:
+            lines.append((f"gate: policy {ours or '(unknown)'} against the baseline's {theirs or '(unknown)'}", False))
+        else:
+            lines.append((f"gate: policy {ours} on both sides", False))
+    elif pairs:
+        for v in verdicts:
+            if v.baseline_policy and v.policy != v.baseline_policy:
+                lines.append((f"gate: {v.task}: policy {v.policy or '(none)'} against the baseline's"
+                              f" {v.baseline_policy or '(none)'}", False))
+    nothing = nothing_compared(verdicts)
+    if nothing:
+        lines.append((f"gate: {nothing}", True))
+    return lines
 
 
 def _labels(tasks: list[str], width: int) -> list[str]:

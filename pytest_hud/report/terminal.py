@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .table import summary_lines
+from .table import gate_lines, summary_lines
 
 __all__ = ["write_summary"]
 
 
 def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None, coverage: Mapping[str, Any],
                   *, results: str | None = None, recording: Mapping[str, Any] | None = None,
-                  baseline: str | None = None, other_failures: int = 0, notes: list[str] | None = None) -> None:
+                  baseline: str | None = None, other_failures: int = 0, notes: list[str] | None = None,
+                  strict: bool = False, baseline_note: str | None = None) -> None:
     """Write the summary section with pytest's terminal reporter ``tr``."""
-    from ..gate import gate_passed, nothing_compared
+    from ..gate import gate_passed
 
     tr.write_sep("=", "pytest-hud summary")
     verdict_dicts = None if verdicts is None else {v.task: v.to_dict() for v in verdicts}
@@ -40,13 +41,9 @@ def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None,
             tr.write_line(f"recording: {text}", yellow=True)
     if verdicts is None:
         return
-    for v in verdicts:
-        if v.verdict != "pass":
-            tr.write_line(f"gate: {v.verdict.upper()} {v.task}: {v.reason}", red=v.failed, yellow=not v.failed)
-    ok = gate_passed(verdicts)
-    nothing = nothing_compared(verdicts)
-    if nothing:
-        tr.write_line(f"gate: {nothing}", red=True)
+    for line, fails in gate_lines(verdicts, strict=strict):
+        tr.write_line(line, red=fails, yellow=not fails)
+    ok = gate_passed(verdicts, strict=strict)
     against = f" against {baseline}" if baseline else ""
     kinds: dict[str, int] = {}
     for v in verdicts:
@@ -55,3 +52,5 @@ def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None,
     tr.write_line(f"gate{against}: {'PASSED' if ok else 'FAILED'} ({counts})"
                   + ("; other tests failed" if other_failures else ""),
                   green=ok and not other_failures, red=not ok or bool(other_failures), bold=True)
+    if baseline_note:
+        tr.write_line(f"results: {baseline_note}", yellow="unchanged" in baseline_note)
