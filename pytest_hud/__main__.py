@@ -19,7 +19,7 @@ pytest-hud results file, a shard's, an incomplete baseline, or an option is inva
 ``merge`` combines the results files of the shards of one suite (``pytest --hud-shard I/N``) into
 one results file (rules in :mod:`pytest_hud.merge`). Exit status: 0 merged; 1 a shard or an
 episode is missing, or one episode has different results in two files (nothing is written unless
-``--allow-missing`` / ``--allow-conflicts`` accept that); 2 a file is unreadable or not a shard's,
+``--allow-missing`` / ``--allow-conflicts`` accept that); 4 a file is unreadable or not a shard's,
 the files are of different suites, shard counts or policies, or the options are wrong.
 
     python -m pytest_hud merge shard-*.jsonl -o all.jsonl && python -m pytest_hud report all.jsonl --compare base.jsonl
@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
         help="Merge the results files of a sharded suite (pytest --hud-shard I/N) into one",
         description="Check that SHARDS are the shards of one suite and one policy, report missing shards, "
                     "missing episodes and duplicate episodes, and write one results file (exit 1 when "
-                    "something is missing or conflicting, 2 when the files cannot be merged).",
+                    "something is missing or conflicting, 4 when the files cannot be merged).",
     )
     merge.add_argument("shards", metavar="SHARD", nargs="+", help="Results files written with --hud-shard I/N")
     merge.add_argument("-o", "--output", dest="output", metavar="ALL", required=True,

@@ -314,12 +314,12 @@ class HudController:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if session.config.option.collectonly or self.usage_error is not None:
+            return  # nothing ran: no verdicts, no files (and no imports racing the pool's threads)
         from .gate import gate_passed
         from .report.junit import add_gate_cases
         from .session import worker_session
 
-        if session.config.option.collectonly or self.usage_error is not None:
-            return  # nothing ran: no verdicts, no files
         in_process = worker_session(self.config)
         if in_process is not None:
             in_process.close_recorders()  # -n 0: this process recorded; finish before merging

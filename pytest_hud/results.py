@@ -260,6 +260,10 @@ def load_results(path: str | os.PathLike[str]) -> Results:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"results file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{str(path)!r} is a directory, not a results file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read results file {str(path)!r}: {exc}") from None
     run: dict[str, Any] = {}
     episodes: list[EpisodeRecord] = []
     summary: dict[str, Any] | None = None

@@ -514,10 +514,12 @@ def test_an_unknown_sim_is_a_usage_error(project):
 
 
 def test_a_policy_error_is_an_error_not_a_failure(project):
+    # (A policy that names nothing is a usage error before anything runs; this one fails to load.)
+    project.makepyfile(broken_policies='def broken():\n    raise RuntimeError("no checkpoint here")\n')
     project.makepyfile(test_bad='''
 import pytest
 
-@pytest.mark.hud(policy="policies:does_not_exist")
+@pytest.mark.hud(policy="broken_policies:broken")
 def test_bad(shared_sim, robot_agent):
     robot_agent.run(shared_sim.episode(seed=0))
 
