@@ -335,7 +335,7 @@ class HudController:
             if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
                 # Failed episodes are data: the gate, not single episodes, decides the run.
                 session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
-            add_gate_cases(self.config, self.verdicts)
+            add_gate_cases(self.config, self.verdicts, strict=self.settings.strict)
         gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
         if self.records or self.ledger.declared or self.ledger.shard is not None:
             # (A shard with no episodes of its own still writes its file: the merge expects it.)

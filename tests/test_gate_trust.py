@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -202,9 +203,11 @@ def test_strict_fails_an_inconclusive_gate_on_the_pytest_side_too(project):
     lenient = run(project, "--hud-baseline=base.jsonl")
     assert lenient.ret == 0
     lenient.stdout.fnmatch_lines([f"*gate: INCONCLUSIVE {TASK}*"])
-    strict = run(project, "--hud-baseline=base.jsonl", "--hud-strict")
+    strict = run(project, "--hud-baseline=base.jsonl", "--hud-strict", "--junitxml=j.xml")
     assert strict.ret == 1
     strict.stdout.fnmatch_lines(["*gate against base.jsonl: FAILED (1 inconclusive)*"])
+    cases = {c.get("classname"): c for c in ET.parse(project.path / "j.xml").getroot().iter("testcase")}
+    assert cases["hud-gate.test_suite.py"].find("failure") is not None
     assert hud(project, "report", "base.jsonl", "--compare", "base.jsonl", "--strict").returncode == 1
 
 

@@ -41,18 +41,22 @@ class JunitErrors:
                 xml.stats["error"] = xml.stats.get("error", 0) + 1
 
 
-def add_gate_cases(config: pytest.Config, verdicts: Iterable[Any]) -> None:
-    """One JUnit testcase per task for the gate's verdict (``hud-gate.<task>``; CI dashboards show them)."""
+def add_gate_cases(config: pytest.Config, verdicts: Iterable[Any], *, strict: bool = False) -> None:
+    """One JUnit testcase per task for the gate's verdict (``hud-gate.<task>``; CI dashboards show them).
+
+    A verdict that fails the gate (with ``strict``, an inconclusive one too) is a failed testcase."""
     from _pytest.junitxml import xml_key
     from _pytest.reports import TestReport
+
+    from ..gate import gate_passed
 
     xml = config.stash.get(xml_key, None)
     if xml is None:
         return
     for v in verdicts:
-        failed = v.failed
+        failed = not gate_passed([v], strict=strict)
         nodeid = f"hud-gate::{v.task}"
-        props = [(k, val) for k, val in v.to_dict().items() if val is not None and not isinstance(val, list)]
+        props = [(k, val) for k, val in v.to_dict().items() if val is not None and not isinstance(val, (list, dict))]
         for when in ("setup", "call", "teardown"):
             report = TestReport(nodeid, ("hud-gate", None, v.task), {},
                                 "failed" if failed and when == "call" else "passed",
