@@ -207,31 +207,21 @@ def _gate_config(args: argparse.Namespace, results: Results) -> GateConfig:
     """The gate file, then the options, as ``--hud-gate`` and the ``--hud-*`` options combine."""
     from pathlib import Path
 
-    from .gate import load_gate_file, unmatched_floors
+    from .gate import floors_problem
+    from .inputs import gate_config
+    from .settings import SettingsError
 
-    data: dict[str, Any] = {}
-    if args.gate:
-        try:
-            data = load_gate_file(Path(args.gate).read_text(encoding="utf-8"), source=args.gate)
-        except FileNotFoundError:
-            raise InputError(f"--gate: {args.gate} does not exist") from None
-        except (OSError, ValueError) as exc:
-            raise InputError(f"--gate: {exc}") from None
-    for key in ("alpha", "max_drop", "min_coverage"):
-        if getattr(args, key) is not None:
-            data[key] = getattr(args, key)
-    if args.accept:
-        names = [part.strip() for value in args.accept for part in value.split(",") if part.strip()]
-        data["accept"] = tuple(dict.fromkeys((*data.get("accept", ()), *names)))
+    accept = [part.strip() for value in args.accept for part in value.split(",") if part.strip()]
     try:
-        config = GateConfig(**data)
-    except ValueError as exc:
+        config = gate_config(Path(args.gate) if args.gate else None,
+                             {key: getattr(args, key) for key in ("alpha", "max_drop", "min_coverage")},
+                             accept, flags="--")
+    except SettingsError as exc:
         raise InputError(str(exc)) from None
     tasks = set(results.tasks()) | set(results.deselected_episodes()) | set(results.declared_episodes() or ())
-    unmatched = unmatched_floors(config.floors, tasks)
-    if unmatched:
-        raise InputError(f"--gate: the floor for {unmatched[0]!r} matches no task of {results.path}"
-                         " (a typo, or a renamed test?)")
+    problem = floors_problem(config.floors, tasks, flag="--gate")
+    if problem:
+        raise InputError(problem)
     return config
 
 

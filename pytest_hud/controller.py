@@ -141,11 +141,11 @@ class HudController:
         return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}
 
     # ------------------------------------------------- the pool service's calls
-    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0, deselected: list[str] = (),
+    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0,
+                 deselected: dict[str, list[str]] | None = None,
                  shard: dict[str, Any] | None = None, policies: list[str] = (),
                  python_path: list[str] = (), hash_policies: dict[str, list[str] | None] | None = None,
-                 sims: list[list[Any]] = (), deselected_episodes: dict[str, list[str]] | None = None,
-                 problems: list[str] = ()) -> int:
+                 sims: list[list[Any]] = (), problems: list[str] = ()) -> int:
         self.pool.add_python_path(python_path)
         self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
         for target, build in sims:  # and the bridges of the sims its tests use
@@ -154,7 +154,7 @@ class HudController:
             self.policy_hashes.start(spec, files)
         with self._lock:
             first = not self.ledger.declared and self.ledger.shard is None
-            count = self.ledger.declare(episodes, deselected, shard, deselected_episodes)
+            count = self.ledger.declare(episodes, deselected or {}, shard)
             problems = list(problems)
             if first:
                 problems += self._declaration_problems()
@@ -183,17 +183,10 @@ class HudController:
 
     def _declaration_problems(self) -> list[str]:
         """What makes the declared run ungateable: gate-file floors that match none of its tasks."""
-        from .gate import unmatched_floors
+        from .gate import floors_problem
 
-        floors = self.ledger.gate_config.floors
-        unmatched = unmatched_floors(floors, self.ledger.collected_tasks()) if floors else []
-        if not unmatched:
-            return []
-        tasks = sorted(self.ledger.collected_tasks())
-        shown = ", ".join(tasks[:5]) + (f" and {len(tasks) - 5} more" if len(tasks) > 5 else "")
-        return [f"--hud-gate: the floor{'s' if len(unmatched) > 1 else ''} for {', '.join(map(repr, unmatched))}"
-                f" match{'' if len(unmatched) > 1 else 'es'} no task of this run (a typo, or a renamed test?);"
-                f" its tasks are: {shown or 'none'}"]
+        problem = floors_problem(self.ledger.gate_config.floors, self.ledger.collected_tasks())
+        return [problem] if problem else []
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:

@@ -9,7 +9,8 @@ Rules, per task (a task is a test function plus its non-episode parameters):
 
 0. **Identity.** Episodes are compared only when what defines the task is the same on both sides:
    the sim target and its build arguments, the step limit, the contract (observation and action
-   spaces) and the action chunking (:data:`TASK_FIELDS`, from each episode's record). A field that
+   spaces) and the action chunking (:data:`TASK_FIELDS`, from each episode record's identity and
+   contract). A field that
    differs makes the task *incomparable*, naming the field and both values, unless the user accepts
    that difference by name (``--hud-accept-difference``). The policy and its content hash differ by
    design: they are shown, never checked. A field that only one side recorded (a file written
@@ -98,6 +99,7 @@ __all__ = [
     "nothing_compared",
     "outcomes_from_records",
     "outcomes_from_results",
+    "floors_problem",
     "unmatched_floors",
 ]
 
@@ -635,6 +637,7 @@ def _accounting(cur: TaskOutcomes, base: TaskOutcomes | None) -> tuple[int, dict
     why: dict[str, list[str]] = {}
     dropped: set[str] = set()
     for ep in sorted(counted - set(cur.successes), key=_natural):
+        on_purpose = ep in cur.skipped_ids or ep in cur.deselected  # left out, rather than lost
         if ep in cur.errored:
             reason = "errored"
         elif ep in cur.skipped_ids:
@@ -648,7 +651,7 @@ def _accounting(cur: TaskOutcomes, base: TaskOutcomes | None) -> tuple[int, dict
         else:
             reason = "not collected now"
         why.setdefault(reason, []).append(ep)
-        if base is not None and ep in base.successes and reason.startswith(("skipped", "deselected")):
+        if on_purpose and base is not None and ep in base.successes:
             dropped.add(ep)
     if cur.episodes is None:
         # Without the declared ids (an old file, outcomes built by hand) the counts stand in: errors
@@ -860,7 +863,9 @@ def outcomes_from_records(records: Iterable[Any], declared: Mapping[str, int] | 
                 outcomes.skipped_ids[episode] = reason
         elif rec.outcome in ("passed", "failed") and rec.success is not None:
             outcomes.successes[episode] = bool(rec.success)
-        ident = getattr(rec, "identity", None) or {}
+        ident = dict(getattr(rec, "identity", None) or {})
+        if getattr(rec, "contract", None):
+            ident["contract"] = rec.contract
         if rec.outcome != "skipped" and ident:
             fields = identity.setdefault(task, {})
             for name in TASK_FIELDS:
@@ -908,3 +913,15 @@ def unmatched_floors(floors: Mapping[str, float], tasks: Iterable[str]) -> list[
     tasks = list(tasks)
     return [pattern for pattern in floors
             if pattern not in tasks and not any(fnmatch.fnmatchcase(task, pattern) for task in tasks)]
+
+
+def floors_problem(floors: Mapping[str, float], tasks: Iterable[str], flag: str = "--hud-gate") -> str | None:
+    """The usage error for gate-file floors that match none of ``tasks`` (None when all match)."""
+    tasks = sorted(tasks)
+    unmatched = unmatched_floors(floors, tasks)
+    if not unmatched:
+        return None
+    shown = ", ".join(tasks[:5]) + (f" and {len(tasks) - 5} more" if len(tasks) > 5 else "")
+    many = len(unmatched) > 1
+    return (f"{flag}: the floor{'s' if many else ''} for {', '.join(map(repr, unmatched))} match{'' if many else 'es'}"
+            f" no task of this run (a typo, or a renamed test?); its tasks are: {shown or 'none'}")

@@ -11,8 +11,9 @@ baseline is read before the run truncates it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from .results import EpisodeRecord, Results, gate_input_problem, load_results
 from .settings import HudSettings, SettingsError
 
-__all__ = ["RunInputs", "load_inputs"]
+__all__ = ["RunInputs", "gate_config", "load_inputs"]
 
 
 @dataclass
@@ -85,27 +86,19 @@ def _check_environment(settings: HudSettings, here: Path, video_explicit: bool,
         except FileExistsError as exc:
             raise SettingsError(f"--hud-record: {exc}") from None
     if settings.sim:
-        added = [str(d) for d in test_dirs if str(d) not in sys.path]
-        sys.path[:0] = added  # as collection will: a module beside the tests resolves
         try:
-            describe_target(settings.sim)
+            with _beside_tests(test_dirs):
+                describe_target(settings.sim)
         except (TargetError, ImportError) as exc:
             raise SettingsError(f"--hud-sim: {exc}") from None
-        finally:
-            for d in added:
-                sys.path.remove(d)
     if settings.policy:
         from .agent.model import PolicyError, check_policy_spec
 
-        added = [str(d) for d in test_dirs if str(d) not in sys.path]
-        sys.path[:0] = added  # a module beside the tests resolves, as for --hud-sim
         try:
-            check_policy_spec(settings.policy, here)
+            with _beside_tests(test_dirs):
+                check_policy_spec(settings.policy, here)
         except PolicyError as exc:
             raise SettingsError(f"--hud-policy: {exc}") from None
-        finally:
-            for d in added:
-                sys.path.remove(d)
     if settings.results and (here / settings.results).is_dir():
         raise SettingsError(f"--hud-results {settings.results!r} is a directory: name the results file, e.g. "
                             f"{str(Path(settings.results) / 'hud-results.jsonl')!r}")
@@ -115,6 +108,18 @@ def _check_environment(settings: HudSettings, here: Path, video_explicit: bool,
             "`python -m pytest_hud.sim TARGET --width N --announce PATH` and pass that PATH"
         )
     return settings
+
+
+@contextlib.contextmanager
+def _beside_tests(test_dirs: Sequence[Path]) -> Iterator[None]:
+    """The test folders on ``sys.path`` meanwhile, as collection puts them: a module beside the tests resolves."""
+    added = [str(d) for d in test_dirs if str(d) not in sys.path]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for d in added:
+            sys.path.remove(d)
 
 
 def _absolute_paths(settings: HudSettings, here: Path, report_html: str | None) -> HudSettings:
@@ -132,24 +137,35 @@ def _absolute_paths(settings: HudSettings, here: Path, report_html: str | None) 
 
 def _gate_config(settings: HudSettings, here: Path):
     """The gate's settings: the YAML gate file, then command-line/ini overrides."""
+    return gate_config(here / settings.gate if settings.gate else None,
+                       {key: getattr(settings, key) for key in ("alpha", "max_drop", "min_coverage")},
+                       settings.accepted_differences)
+
+
+def gate_config(gate_file: Path | None, options: Mapping[str, float | None], accept: Sequence[str] = (), *,
+                flags: str = "--hud-"):
+    """A :class:`~pytest_hud.gate.GateConfig` from a YAML gate file, then the options that are set
+    (``alpha``, ``max_drop``, ``min_coverage``) and the accepted differences on top; pytest and
+    ``python -m pytest_hud report`` build theirs here. ``flags`` is how the errors name the options
+    (``--hud-gate`` or ``--gate``). Raises :class:`~pytest_hud.settings.SettingsError`."""
     from .gate import GateConfig, load_gate_file
 
     data: dict[str, Any] = {}
-    if settings.gate:
-        path = here / settings.gate
+    if gate_file is not None:
         try:
-            data = load_gate_file(path.read_text(encoding="utf-8"), source=str(path))
+            data = load_gate_file(gate_file.read_text(encoding="utf-8"), source=str(gate_file))
         except FileNotFoundError:
-            raise SettingsError(f"--hud-gate: {path} does not exist") from None
+            raise SettingsError(f"{flags}gate: {gate_file} does not exist") from None
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"{flags}gate: {exc}") from None
+    data.update({key: value for key, value in options.items() if value is not None})
+    if accept:
+        try:
+            GateConfig(accept=tuple(accept))
         except ValueError as exc:
-            raise SettingsError(f"--hud-gate: {exc}") from None
-    for key in ("alpha", "max_drop", "min_coverage"):
-        if getattr(settings, key) is not None:
-            data[key] = getattr(settings, key)
-    if settings.accepted_differences:
-        data["accept"] = tuple(dict.fromkeys((*data.get("accept", ()), *settings.accepted_differences)))
+            raise SettingsError(f"{flags}accept-difference: {exc}") from None
+        data["accept"] = tuple(dict.fromkeys((*data.get("accept", ()), *accept)))
     try:
         return GateConfig(**data)
     except (TypeError, ValueError) as exc:
-        where = "--hud-accept-difference" if "accept a difference" in str(exc) else "gate settings"
-        raise SettingsError(f"{where}: {exc}") from None
+        raise SettingsError(f"gate settings: {exc}") from None

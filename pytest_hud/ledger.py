@@ -33,26 +33,29 @@ class Ledger:
         self.sequential = sequential
         self.gated_by_file = gated_by_file
         self.declared: dict[str, dict[str, Any]] = {}  # nodeid -> identity (task, episode, seed, ...)
-        self.deselected: set[str] = set()  # tasks deselected with -k/-m
         self.deselected_episodes: dict[str, set[str]] = {}  # task -> episode ids deselected with -k/-m
         self.records: dict[str, EpisodeRecord] = {}  # nodeid -> the episode's record
         self.floors: dict[str, float] = {}  # task -> min_success from markers
         self.shard: dict[str, Any] | None = None  # --hud-shard: {"index", "count", "suite": {task: [episodes]}}
         self._sequential_tests: dict[str, Any] = {}
 
+    @property
+    def deselected(self) -> set[str]:
+        """The tasks ``-k``/``-m`` deselected episodes of."""
+        return set(self.deselected_episodes)
+
     # ----------------------------------------------------------------- input
-    def declare(self, episodes: Iterable[Mapping[str, Any]], deselected: Iterable[str] = (),
-                shard: Mapping[str, Any] | None = None,
-                deselected_episodes: Mapping[str, Iterable[str]] | None = None) -> int:
+    def declare(self, episodes: Iterable[Mapping[str, Any]],
+                deselected: Mapping[str, Iterable[str]] | Iterable[str] = (),
+                shard: Mapping[str, Any] | None = None) -> int:
         """Episodes this run will run (after deselection); a worker may declare the same ones again.
 
-        ``deselected`` names the tasks and ``deselected_episodes`` the episodes (task -> ids) that
-        ``-k``/``-m`` left out. ``shard`` (``--hud-shard``): this shard's index and count and the
-        whole suite, so that the gate leaves the other shards' episodes out instead of calling them
-        missing.
+        ``deselected``: what ``-k``/``-m`` left out, as task -> episode ids (or just task names).
+        ``shard`` (``--hud-shard``): this shard's index and count and the whole suite, so that the
+        gate leaves the other shards' episodes out instead of calling them missing.
         """
-        self.deselected.update(deselected)
-        for task, ids in (deselected_episodes or {}).items():
+        by_task = deselected if isinstance(deselected, Mapping) else {task: () for task in deselected}
+        for task, ids in by_task.items():
             self.deselected_episodes.setdefault(str(task), set()).update(str(e) for e in ids)
         if shard is not None and self.shard is None:
             self.shard = {"index": int(shard["index"]), "count": int(shard["count"]),
@@ -93,8 +96,7 @@ class Ledger:
     def resume_lookup(self, task: str, episode: str, identity: Mapping[str, Any]) -> dict[str, Any] | None:
         """The earlier record of this episode, if it ran with exactly this identity (policy, sim, ...)."""
         record = self.resumable.get((task, str(episode)))
-        # The contract is learned from the bridge once the episode runs: not known before, not matched.
-        if record is None or _without_contract(record.identity) != _without_contract(identity):
+        if record is None or to_builtin(record.identity) != to_builtin(dict(identity)):
             return None
         return record.to_dict()
 
@@ -173,8 +175,8 @@ class Ledger:
         """Verdicts per task (None when no baseline, gate file or floor is configured)."""
         if not self.gated:
             return None
-        current = outcomes_from_records(self.records.values(), self.declared_by_task(),
-                                        episodes=self.declared_ids(), deselected=self.deselected_ids())
+        current = outcomes_from_records(self.records.values(), episodes=self.declared_ids(),
+                                        deselected=self.deselected_ids())
         base = outcomes_from_results(self.baseline, as_baseline=True) if self.baseline is not None else None
         others = self.other_shards()
         if base is not None and others:
@@ -218,6 +220,3 @@ class Ledger:
                 sims[key] = {"sim": ident["sim"], "build": ident.get("build") or {}}
         return list(policies.values()), list(sims.values())
 
-
-def _without_contract(identity: Mapping[str, Any] | None) -> Any:
-    return to_builtin({k: v for k, v in dict(identity or {}).items() if k != "contract"})

@@ -126,11 +126,8 @@ def merge_shards(files: Sequence[Results], *, prefer_later: bool = False) -> Mer
             ident = _identity(record)
             if record.outcome != "skipped" and ident:
                 first = identities.setdefault(record.task, (ident, _name(results)))
-                # (The contract is learned from the bridge: an episode that errored before it claimed a
-                # slot has none, which is no difference.)
-                diff = sorted(k for k in set(ident) | set(first[0]) if ident.get(k) != first[0].get(k)
-                              and not (k == "contract" and (k not in ident or k not in first[0])))
-                if diff:
+                if first[0] != ident:
+                    diff = sorted(k for k in set(ident) | set(first[0]) if ident.get(k) != first[0].get(k))
                     raise MergeError(
                         f"{record.task}: episodes ran with a different {', '.join(diff)} in {first[1]} "
                         f"({', '.join(f'{k}={first[0].get(k)!r}' for k in diff)}) and in {_name(results)} "

@@ -94,6 +94,7 @@ class EpisodeRecord:
     finished_at: float | None = None  # epoch seconds when the controller received it
     artefacts: dict[str, str] = field(default_factory=dict)
     identity: dict[str, Any] = field(default_factory=dict)
+    contract: str | None = None  # the bridge's contract as the episode saw it (Contract.signature)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

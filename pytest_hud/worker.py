@@ -109,16 +109,14 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
                 # (resumed episodes may all be replayed: their bridge starts when one runs)
                 build = dict(settings.build or {})
                 sims[(settings.sim, json.dumps(build, sort_keys=True))] = [settings.sim, build]
-    deselected_episodes: dict[str, list[str]] = {}
+    deselected: dict[str, list[str]] = {}  # task -> episode ids
     for item in session.config.stash.get(DESELECTED_KEY, []):
         ident = item_identity(item)
-        deselected_episodes.setdefault(ident["task"], []).append(ident["episode"])
-    deselected = sorted(deselected_episodes)
+        deselected.setdefault(ident["task"], []).append(ident["episode"])
     shard = session.config.stash.get(SHARD_KEY, None)
     if not declared and not deselected and shard is None:
         return None
-    data = {"episodes": declared, "worker": hud.worker, "deselected": deselected,
-            "deselected_episodes": deselected_episodes}
+    data = {"episodes": declared, "worker": hud.worker, "deselected": deselected}
     problems = _policy_problems(used, Path(str(session.config.invocation_params.dir)))
     if problems:  # the controller makes them a usage error before anything is written
         data["problems"] = problems
@@ -181,15 +179,10 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
     policy, cache = settings.policy, hud.policy_hashes
     if policy not in cache:  # the files as this worker finds them, hashed once per run by the controller
         cache[policy] = hud.pool_call("policy_hash", spec=policy, files=policy_files(policy)) if policy else None
-    identity = {"plugin_version": __version__, "policy": policy, "policy_hash": cache[policy],
-                "sim": settings.sim, "build": settings.build,
-                "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps),
-                "n_action_steps": hud.settings.n_action_steps}
-    contract = next((ep.contract for ep in reversed(item.stash.get(EPISODES_KEY, []))
-                     if getattr(ep, "contract", None) is not None), None)
-    if contract is not None:  # what the policy saw and sent: part of what defines the task
-        identity["contract"] = contract.signature()
-    return identity
+    return {"plugin_version": __version__, "policy": policy, "policy_hash": cache[policy],
+            "sim": settings.sim, "build": settings.build,
+            "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps),
+            "n_action_steps": hud.settings.n_action_steps}
 
 
 def with_placement(record: dict[str, Any], episodes: list[Any], policy: dict[str, Any] | None) -> dict[str, Any]:
@@ -331,6 +324,9 @@ class WorkerHooks:
             worker=f"gw{self.hud.worker}" if hasattr(item.config, "workerinput") else "main",
             duration_s=report.duration, exc=exc, bridge_error=bridge_error,
             skipped_because=skip_reason(report.longrepr) if report.skipped else None, result=result, grade=grade)
+        contract = next((ep.contract for ep in reversed(episodes) if getattr(ep, "contract", None) is not None), None)
+        if contract is not None:  # what the policy saw and sent: part of what defines the task for the gate
+            record["contract"] = contract.signature()
         return with_placement(record, episodes, self.hud.policy_places.get(item_settings(item, self.hud).policy or ""))
 
     @pytest.hookimpl(tryfirst=True)

@@ -85,8 +85,8 @@ def check_policy_spec(spec: str, here: Path | None = None) -> str:
     """Check a policy spec without running any of its code; returns its kind, raises :class:`PolicyError`.
 
     A ``file.py:factory`` file must exist (relative to ``here``, the directory pytest runs in, as
-    the workers load it) and define ``factory`` at its top level; a ``module:factory`` module must
-    be importable here, and its source, when it is a Python file, must define ``factory``. The
+    the workers load it) and bind the name ``factory`` somewhere in its source; a ``module:factory``
+    module must be importable here, and its source, when it is a Python file, must bind it. The
     module is found, not imported (a policy module may import torch: seconds the controller need
     not spend). A module whose top level decides its names at run time (``from x import *``, a
     module ``__getattr__``) is given the benefit of the doubt.
@@ -102,8 +102,8 @@ def check_policy_spec(spec: str, here: Path | None = None) -> str:
         if not file.is_absolute() and here is not None:
             file = here / file
         if not file.is_file():
-            raise PolicyError(f"policy file {where!r} of {spec!r} does not exist"
-                              + (f" (looked in {str(here)!r})" if here is not None and not Path(where).is_absolute() else ""))
+            looked = f" (looked in {str(here)!r})" if here is not None and not Path(where).is_absolute() else ""
+            raise PolicyError(f"policy file {where!r} of {spec!r} does not exist{looked}")
     else:
         import importlib.util
 
@@ -130,7 +130,8 @@ def check_policy_spec(spec: str, here: Path | None = None) -> str:
 
 
 def _top_level_names(file: Path) -> set[str] | None:
-    """The names a Python file binds at its top level; None when they are only known by running it."""
+    """Every name a Python file binds, at any depth (a lenient superset of its module attributes);
+    None when they are only known by running it."""
     import ast
 
     try:

@@ -22,11 +22,13 @@ from pytest_hud.gate import (
 from pytest_hud.results import EpisodeRecord, ResultsWriter, aggregate, gate_input_problem, load_results
 
 
-def rec(episode: int | str, outcome: str = "passed", task: str = "t", **identity) -> EpisodeRecord:
+def rec(episode: int | str, outcome: str = "passed", task: str = "t", contract: str | None = None,
+        **identity) -> EpisodeRecord:
     return EpisodeRecord(task=task, episode=str(episode), nodeid=f"{task}[{episode}]", outcome=outcome,
                          success={"passed": True, "failed": False}.get(outcome),
                          skip_reason="the extra is missing" if outcome == "skipped" else None,
-                         identity={"sim": "sims:cartpole", "build": {}, "max_steps": 60, **identity})
+                         identity={"sim": "sims:cartpole", "build": {}, "max_steps": 60, **identity},
+                         contract=contract)
 
 
 def only(verdicts, task: str = "t"):
