@@ -38,7 +38,7 @@ episodes, reports):
   suite's marker: the policy server starts at pytest's configure, before the workers boot, instead of
   when the first worker has collected and declared its tests;
 - ``hud-server-ready`` (not run by default): ``hud-server`` with ``--hud-tick=ready``; ``auto`` ticks
-  in lanes with a policy server and env processes (see the README's tick modes);
+  in lanes with a policy server and env processes (see the tick modes in docs/options.md);
 - ``hud-novideo`` (not run by default): ``hud`` with ``--hud-video=none``;
 - ``lerobot-eval-96``: ``lerobot-eval`` with ``--env.visualization_width=96
   --env.visualization_height=96``, the cheapest videos its CLI allows.

@@ -281,7 +281,7 @@ def test_auto_spreads_envs_whose_step_is_slow_over_processes_and_keeps_cheap_one
         finally:
             sim.close()
     # a num_envs factory's sim runs as it is, even a slow one whose slots are independent envs: a
-    # suite runs several bridges at once, and splitting the MT10 bridges measured slower (README)
+    # suite runs several bridges at once, and splitting the MT10 bridges measured slower (docs/benchmarks.md)
     slow = load_sim(f"{SIMKIT}:multitask", 2, "auto", {"delay": 0.003})
     try:
         assert not isinstance(slow, ProcessSim) and slow.auto_choice is None and slow.splittable

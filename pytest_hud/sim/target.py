@@ -117,7 +117,8 @@ def load_sim(
     kwargs = dict(build_args or {})
     asked = vectorization
     # auto is settled below for a factory of single envs; a sim the factory vectorizes runs as it is
-    # (timing a multi-task sim's slot and splitting it measured slower for a whole suite: see README)
+    # (timing a multi-task sim's slot and splitting it measured slower for a whole suite:
+    # see docs/benchmarks.md)
     if vectorization == "auto":
         vectorization = "sync"
     factory = resolve_factory(target)
