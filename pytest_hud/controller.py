@@ -30,7 +30,7 @@ import pytest
 
 from .inputs import RunInputs
 from .ledger import Ledger
-from .provenance import PolicyHashes, provenance
+from .provenance import PolicyHashes, portable_spec, provenance
 from .results import EpisodeRecord, ResultsWriter
 from .settings import HudSettings
 
@@ -363,9 +363,11 @@ class HudController:
     def _with_bridges(self, sims: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each sim with how its bridges ran it (what ``auto`` chose for vectorization and ticks)."""
         bridges = self.pool.bridges()
+        roots = [self.config.rootpath, self.config.invocation_params.dir]
         for entry in sims:
             ran = [{"group": b["group"], "vectorization": b["vectorization"], "tick": b["tick"]}
-                   for b in bridges if b["target"] == entry["sim"] and b["build"] == entry["build"]]
+                   for b in bridges
+                   if portable_spec(b["target"], roots) == entry["sim"] and b["build"] == entry["build"]]
             if ran:
                 entry["bridges"] = ran
         return sims

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -13,10 +14,37 @@ from typing import Any
 
 from . import __version__
 
-__all__ = ["PolicyHashes", "git_revision", "provenance"]
+__all__ = ["PolicyHashes", "git_revision", "portable_spec", "provenance"]
 
 _DISTRIBUTIONS = ("pytest-hud", "pytest", "pytest-xdist", "numpy", "gymnasium", "websockets", "msgpack",
                   "torch", "lerobot")
+
+
+def portable_spec(spec: str | None, roots: Sequence[str | Path]) -> str | None:
+    """``spec`` as recorded in results: a ``path.py:attr`` sim or policy, or a checkpoint path, under
+    one of ``roots`` (the run's rootdir first) relative to it, so the same suite in another checkout, a CI runner's
+    workspace or a cluster node's copy records the same identity and is compared by the gate.
+
+    Gymnasium ids, ``module:attr`` targets and files outside every root are returned unchanged.
+
+        >>> portable_spec("/ci/build/evals/sims/classic.py:cartpole", ["/ci/build"])
+        'evals/sims/classic.py:cartpole'
+        >>> portable_spec("CartPole-v1", ["/ci/build"])
+        'CartPole-v1'
+    """
+    if not spec:
+        return spec
+    where, sep, attr = spec.rpartition(":")
+    if not (sep and where.endswith(".py")):
+        where, sep, attr = spec, "", ""  # a checkpoint directory or file, or not a path at all
+    if not os.path.isabs(where):
+        return spec
+    path = os.path.normpath(where)
+    for root in roots:
+        base = os.path.normpath(str(root))
+        if path.startswith(os.path.join(base, "")):
+            return f"{Path(os.path.relpath(path, base)).as_posix()}{sep}{attr}"
+    return spec
 
 
 def provenance(settings: Any, root: Path, args: list[str]) -> dict[str, Any]:
@@ -32,9 +60,9 @@ def provenance(settings: Any, root: Path, args: list[str]) -> dict[str, Any]:
             pass
     return {
         "plugin_version": __version__,
-        "policy": settings.policy,
+        "policy": portable_spec(settings.policy, [root]),
         "policy_hash": None,
-        "sim": settings.sim,
+        "sim": portable_spec(settings.sim, [root]),
         "width": settings.slots,
         "workers": settings.workers,
         "python": sys.version.split()[0],

@@ -174,13 +174,15 @@ def declare_episodes(session: pytest.Session, hud: HudSession | None) -> None:
 def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
     """What an episode's result depends on besides its seed: resume reuses only exact matches."""
     from .agent.model import policy_files
+    from .provenance import portable_spec
 
     settings = item_settings(item, hud)
     policy, cache = settings.policy, hud.policy_hashes
     if policy not in cache:  # the files as this worker finds them, hashed once per run by the controller
         cache[policy] = hud.pool_call("policy_hash", spec=policy, files=policy_files(policy)) if policy else None
-    return {"plugin_version": __version__, "policy": policy, "policy_hash": cache[policy],
-            "sim": settings.sim, "build": settings.build,
+    roots = hud.project_roots
+    return {"plugin_version": __version__, "policy": portable_spec(policy, roots), "policy_hash": cache[policy],
+            "sim": portable_spec(settings.sim, roots), "build": settings.build,
             "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps),
             "n_action_steps": hud.settings.n_action_steps}
 

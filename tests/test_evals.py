@@ -41,3 +41,16 @@ def test_the_final_checkpoint_passes_against_its_own_baseline():
     out = pytest_evals("evals/test_cartpole.py", "-n", "2", f"--hud-baseline={BASELINE}")
     assert out.returncode == 0, out.stdout[-3000:]
     assert "FAILED (" not in out.stdout and "PASSED (" in out.stdout
+
+
+def test_the_committed_baseline_gates_a_copy_of_the_project_in_another_directory(tmp_path):
+    """A CI runner's checkout is not the one the baseline was recorded in: the sim and policy are
+    recorded relative to the rootdir, so the same task compares wherever the project lies."""
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "evals"
+    shutil.copytree(ROOT / "evals", copy, ignore=shutil.ignore_patterns("hud-*", "__pycache__", "*.candidate.jsonl"))
+    out = pytest_evals("evals/test_cartpole.py", "-n", "2", f"--hud-results={tmp_path / 'r.jsonl'}",
+                       f"--hud-baseline={BASELINE}", cwd=copy.parent)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "INCOMPARABLE" not in out.stdout and "PASSED (" in out.stdout

@@ -197,3 +197,22 @@ def test_policy_specs_are_checked_without_running_them(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="no module 'no_such_module_hud'"):
         check_policy_spec("no_such_module_hud:f", tmp_path)
     assert check_policy_spec("ws://127.0.0.1:1", tmp_path) == "openpi"
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("/ci/build/evals/sims/classic.py:cartpole", "evals/sims/classic.py:cartpole"),
+    ("/ci/build/../build/evals/p.py:act", "evals/p.py:act"),
+    ("/elsewhere/sims.py:task", "/elsewhere/sims.py:task"),          # outside the project: as written
+    ("/ci/buildings/sims.py:task", "/ci/buildings/sims.py:task"),     # a sibling, not under the root
+    ("sims.py:task", "sims.py:task"),                                 # already relative
+    ("/ci/build/evals/checkpoints/act/final", "evals/checkpoints/act/final"),  # a checkpoint folder
+    ("lerobot/act_aloha_sim", "lerobot/act_aloha_sim"),               # a hub id
+    ("CartPole-v1", "CartPole-v1"),
+    ("gym_pusht/PushT-v0", "gym_pusht/PushT-v0"),
+    ("my_pkg.sims:make", "my_pkg.sims:make"),
+    (None, None),
+])
+def test_a_sim_or_policy_file_is_recorded_relative_to_the_rootdir(spec, expected):
+    from pytest_hud.provenance import portable_spec
+
+    assert portable_spec(spec, ["/ci/build", "/ci/build/evals"]) == expected
