@@ -1,7 +1,7 @@
 """Bridge throughput: env-steps/s through the bridge vs the raw vectorized loop, in one run.
 
     python benchmarks/bridge_throughput.py [--width 8] [--ticks 3000] [--pixel-ticks 600]
-        [--envs state,pixels,cameras] [--before REF]
+        [--envs state,pixels,cameras] [--before REF] [--tick auto|lockstep|ready]
 
 Envs: ``Pendulum-v1`` (state), Pendulum rendered to a 96x96 image, and two 224x224 cameras
 (``benchmarks/pixel_env.py``). For each env: a bridge subprocess at ``--width`` with one asyncio
@@ -42,12 +42,15 @@ ENVS = {"state": ("Pendulum-v1", "Pendulum-v1"), "pixels": ("Pendulum pixels 96x
         "cameras": ("Pendulum 2 cams 224x224", CAMERAS_TARGET)}
 
 
+TICK = ["--tick", "auto"]  # the bridges' tick mode (--tick)
+
+
 def start_bridge(target: str, width: int, workdir: str,
                  code_root: Path = ROOT) -> tuple[subprocess.Popen, BridgeAddress]:
     announce = Path(workdir) / f"{abs(hash(target))}-{time.monotonic_ns()}.json"
     env = dict(os.environ, SDL_VIDEODRIVER="dummy", PYTHONPATH=str(code_root))
     proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.sim", target, "--width", str(width), "--vectorization", "sync",
-                             "--announce", str(announce)], env=env)
+                             *TICK, "--announce", str(announce)], env=env)
     while not announce.exists():
         if proc.poll() is not None:
             raise SystemExit(f"bridge for {target} failed to start")
@@ -169,7 +172,9 @@ def main() -> None:
     parser.add_argument("--before", help="Also run the bridge of this git ref (e.g. main)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="Rounds per env (raw, bridges, raw again); the median ratio is printed")
+    parser.add_argument("--tick", default="auto", help="The bridges' tick mode: auto (ready here), lockstep, ready")
     args = parser.parse_args()
+    TICK[1] = args.tick
     with tempfile.TemporaryDirectory() as workdir:
         before = extract_package(args.before, Path(workdir) / "before") if args.before else None
         for name in args.envs.split(","):

@@ -24,14 +24,14 @@ from .wire import FrameLayout, NotAMapError, TextFrameError, WireError, pack_act
 __all__ = [
     "BridgeError",
     "Claim",
+    "ObservationReader",
+    "action_frame",
+    "claim_frame",
+    "closed_error",
     "control_error",
     "read_claim",
     "read_contract",
-    "claim_frame",
-    "action_frame",
     "read_frame",
-    "ObservationReader",
-    "closed_error",
     "send_error",
 ]
 
@@ -42,11 +42,14 @@ class BridgeError(RuntimeError):
 
 @dataclass(frozen=True)
 class Claim:
-    """A claimed slot: its token (for the WebSocket claim frame), index and prompt."""
+    """A claimed slot: its token (for the WebSocket claim frame), index and prompt, and the seed and
+    task its episode runs (the bridge draws a seed for a claim that gave none)."""
 
     token: str
     slot: int
     prompt: str | None = None
+    seed: int | None = None
+    task: str | None = None
 
 
 # ------------------------------------------------------------ control channel
@@ -56,9 +59,11 @@ def control_error(exc: RpcError) -> BridgeError:
 
 
 def read_claim(reply: Any) -> Claim:
-    """``reset``'s reply (``{"token", "slot", "prompt"}``) as a :class:`Claim`."""
+    """``reset``'s reply (``{"token", "slot", "prompt", "seed", "task"}``) as a :class:`Claim`."""
     try:
-        return Claim(reply["token"], int(reply["slot"]), reply.get("prompt"))
+        seed = reply.get("seed")
+        return Claim(reply["token"], int(reply["slot"]), reply.get("prompt"),
+                     None if seed is None else int(seed), reply.get("task"))
     except (KeyError, TypeError, ValueError, AttributeError):
         raise BridgeError(
             f"bridge answered reset() with {reply!r}; expected a map with token, slot and prompt"

@@ -18,7 +18,7 @@ from typing import Any
 from .client import BridgeAddress, BridgeError, ControlClient
 from .contract import Contract
 
-__all__ = ["Episode", "EpisodeResult", "EpisodeError"]
+__all__ = ["Episode", "EpisodeError", "EpisodeResult"]
 
 
 class EpisodeError(RuntimeError):
@@ -64,6 +64,7 @@ class Episode:
         self.token: str | None = None
         self.slot: int | None = None
         self.prompt: str | None = task.get("prompt")
+        self.sim_task: str | None = task.get("task")  # the sim's task (multi-task sims), as the bridge chose it
         self.result: EpisodeResult | None = None
         self.grade_data: dict[str, Any] | None = None
         self.started: float | None = None
@@ -73,6 +74,9 @@ class Episode:
     def claim(self) -> Episode:
         claim = self.control.reset(**self.task)
         self.token, self.slot, self.prompt = claim.token, claim.slot, claim.prompt
+        if claim.seed is not None:
+            self.seed = claim.seed  # drawn by the bridge when the claim gave none
+        self.sim_task = claim.task
         self.started = time.monotonic()
         return self
 
@@ -82,7 +86,7 @@ class Episode:
     async def __aenter__(self) -> Episode:
         return await asyncio.to_thread(self.claim)  # the control call must not block the event loop
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.__exit__, *exc)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -109,6 +113,14 @@ class Episode:
             token, self.token = self.token, None
             self.grade_data = self.control.result(token)
         return self.grade_data
+
+    def definition(self) -> dict[str, Any]:
+        """What defines this episode, as its results line records it: the seed (the one the bridge
+        drew when none was given), the sim's task, reset options, build arguments and prompt. A
+        claim with these on a bridge of the same sim runs the same episode."""
+        out = {"seed": self.seed, "task": self.sim_task, "options": self.task.get("options"),
+               "build": self.task.get("build") or {}, "prompt": self.prompt}
+        return {k: v for k, v in out.items() if v is not None}
 
     def finish(self, steps: int, inference_s: float = 0.0, error: str | None = None,
                artefacts: dict[str, str] | None = None) -> EpisodeResult:

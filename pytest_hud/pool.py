@@ -390,7 +390,8 @@ class SimPool:
         ]
 
     def stepping_notes(self, timeout: float = 2.0) -> list[str]:
-        """What the live bridges say would make their sims step faster (see ``stepping_hint``).
+        """What the live bridges say: slots they retired after faults of their envs, and what would
+        make their sims step faster (see ``stepping_hint``).
 
         Asked all at once, for ``timeout`` seconds in all: a bridge stuck in a sim call (one that
         accepts but does not answer) delays the summary by that much, however many there are."""
@@ -398,16 +399,17 @@ class SimPool:
 
         with self._lock:
             bridges = [b for b in self._bridges.values() if b.process.poll() is None]
-        hints: dict[int, str] = {}
+        hints: dict[int, list[str]] = {}
 
         def ask(i: int, bridge: _Bridge) -> None:
             try:
                 with ControlClient(bridge.address, timeout=timeout) as control:
-                    hint = control.stats().get("hint")
+                    stats = control.stats()
             except (BridgeError, OSError):
                 return  # a bridge that cannot answer now has nothing to add
-            if hint:
-                hints[i] = f"{_label(bridge.key)}: {hint}"
+            said = [*stats.get("notes", []), *([stats["hint"]] if stats.get("hint") else [])]
+            if said:
+                hints[i] = [f"{_label(bridge.key)}: {line}" for line in said]
 
         threads = [threading.Thread(target=ask, args=(i, b), daemon=True, name="hud-stats")
                    for i, b in enumerate(bridges)]
@@ -417,7 +419,7 @@ class SimPool:
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         got = dict(hints)  # a copy: a late answer may still arrive
-        return [got[i] for i in sorted(got)]
+        return [line for i in sorted(got) for line in got[i]]
 
     def stop_all(self, timeout: float = 5.0) -> None:
         """Stop every service this run started (all at once) and remove the work dir with its secrets."""

@@ -36,9 +36,9 @@ from .stats import wilson_interval
 __all__ = [
     "SCHEMA",
     "EpisodeRecord",
-    "TaskSummary",
     "Results",
     "ResultsWriter",
+    "TaskSummary",
     "aggregate",
     "gate_input_problem",
     "load_results",
@@ -95,6 +95,9 @@ class EpisodeRecord:
     artefacts: dict[str, str] = field(default_factory=dict)
     identity: dict[str, Any] = field(default_factory=dict)
     contract: str | None = None  # the bridge's contract as the episode saw it (Contract.signature)
+    #: what defines the episode (seed, the sim's task, options, build, prompt): a claim with these
+    #: on the same sim runs it again (:meth:`pytest_hud.episode.Episode.definition`)
+    claim: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

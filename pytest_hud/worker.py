@@ -326,6 +326,12 @@ class WorkerHooks:
             worker=f"gw{self.hud.worker}" if hasattr(item.config, "workerinput") else "main",
             duration_s=report.duration, exc=exc, bridge_error=bridge_error,
             skipped_because=skip_reason(report.longrepr) if report.skipped else None, result=result, grade=grade)
+        claimed = next((ep for ep in reversed(episodes)
+                        if getattr(ep, "started", None) is not None and hasattr(ep, "definition")), None)
+        if claimed is not None:  # what defines the episode: it can be run again from this line
+            record["claim"] = claimed.definition()
+            if record.get("seed") is None and claimed.seed is not None:
+                record["seed"] = claimed.seed
         contract = next((ep.contract for ep in reversed(episodes) if getattr(ep, "contract", None) is not None), None)
         if contract is not None:  # what the policy saw and sent: part of what defines the task for the gate
             record["contract"] = contract.signature()

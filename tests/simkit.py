@@ -286,3 +286,68 @@ class _DictAction(gym.Env):
 
 def slow_dict_action():
     return _DictAction()
+
+
+class FaultyEnv(gym.Env):
+    """A single env whose episodes depend only on their seed, with faults injected on purpose.
+
+    Observation ``[seed, step, x]`` (x a seeded random walk pushed by the action), 30 steps, reward
+    ``-|x|``; success when ``|x| < 1`` at the end. ``reset`` raises for a seed in ``reset_faults``
+    and ``step`` raises at step ``fault_step`` of a seed in ``step_faults``. ``delay`` seconds per
+    step keep concurrent episodes overlapping.
+    """
+
+    observation_space = spaces.Box(-np.inf, np.inf, shape=(3,), dtype=np.float32)
+    action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+
+    def __init__(self, reset_faults=(), step_faults=(), fault_step: int = 10, delay: float = 0.002,
+                 max_seed: int | None = None):
+        from pytest_hud.sim import ClaimRules
+
+        self.reset_faults, self.step_faults = set(reset_faults), set(step_faults)
+        self.fault_step, self.delay = fault_step, delay
+        if max_seed is not None:
+            self.hud_claims = ClaimRules(max_seed=max_seed, options=("push",))
+        self._seed, self.t, self.x, self.push = None, 0, 0.0, 0.0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed in self.reset_faults:
+            raise ValueError(f"reset refused seed {seed} on purpose")
+        self._seed, self.t = seed, 0
+        self.push = float((options or {}).get("push", 0.0))
+        self.x = float(self.np_random.normal())
+        return self._obs(), {}
+
+    def _obs(self):
+        return np.array([-1 if self._seed is None else self._seed, self.t, self.x], np.float32)
+
+    def step(self, action):
+        import time
+
+        if self._seed in self.step_faults and self.t == self.fault_step:
+            raise RuntimeError(f"step {self.t} of seed {self._seed} exploded on purpose")
+        time.sleep(self.delay)
+        self.t += 1
+        self.x = 0.8 * self.x + 0.3 * float(self.np_random.normal()) + 0.1 * float(np.asarray(action).reshape(-1)[0])
+        self.x += self.push
+        done = self.t >= 30
+        return self._obs(), -abs(self.x), done, False, {"is_success": done and abs(self.x) < 1.0}
+
+
+def faulty(reset_faults=(), step_faults=(), fault_step: int = 10, delay: float = 0.002, max_seed=None):
+    """Target for a bridge of independent envs (one FaultyEnv per slot)."""
+    return FaultyEnv(reset_faults, step_faults, fault_step, delay, max_seed)
+
+
+class FaultyCounterSim(CounterSim):
+    """A natively batched sim (one object steps every slot) whose reset raises for seed 13."""
+
+    def reset_slots(self, indices, seeds, options):
+        if 13 in seeds:
+            raise ValueError("reset refused seed 13 on purpose")
+        return super().reset_slots(indices, seeds, options)
+
+
+def faulty_counter(num_envs: int, length: int = 400):
+    return FaultyCounterSim(num_envs, length=length)

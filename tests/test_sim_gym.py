@@ -12,7 +12,7 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from conftest import SIMKIT
-from pytest_hud.sim.base import GymSim, stepping_hint
+from pytest_hud.sim.base import GymSim, SlotFaults, stepping_hint
 from pytest_hud.sim.target import load_sim
 
 
@@ -131,12 +131,22 @@ def test_each_env_is_built_reset_stepped_and_closed_on_one_thread_of_its_own_nev
     assert not [t for t in threading.enumerate() if t.name.startswith("hud-env-")]  # joined at close
 
 
-def test_an_env_that_raises_on_a_thread_raises_its_own_error_once_every_env_is_done():
-    sim = load_sim(f"{SIMKIT}:step_raises", 3, "threads")
+@pytest.mark.parametrize("vectorization", ["sync", "threads"])
+def test_an_env_that_raises_is_pinned_on_its_slot_once_every_env_has_stepped(vectorization):
+    sim = load_sim(f"{SIMKIT}:step_raises", 3, vectorization)
     try:
+        assert sim.isolates_slots
         sim.reset_slots([0, 1, 2], [1, 2, 3], [None] * 3)
-        with pytest.raises(RuntimeError, match="step refused action 2"):
+        before = sim.observe()["state"].copy()
+        with pytest.raises(SlotFaults) as raised:
             sim.step(np.float32([[0.0], [2.0], [0.0]]))
+        assert list(raised.value.faults) == [1] and "step refused action 2" in raised.value.faults[1]
+        assert "slot 1: RuntimeError: step refused action 2" in str(raised.value)
+        after = sim.observe()["state"]
+        assert not np.array_equal(after[[0, 2]], before[[0, 2]])  # the others stepped
+        assert np.array_equal(after[1], before[1]) and raised.value.result.rewards[1] == 0.0
+        sim.rebuild_slot(1)  # a new env, steppable at once
+        sim.step(np.zeros((3, 1), np.float32))
     finally:
         sim.close()
 
@@ -347,7 +357,7 @@ def test_processes_vectorization_gives_every_slot_exactly_what_sync_does():
     assert _trajectory("processes", 5, 40) == _trajectory("sync", 5, 40)
 
 
-def test_an_env_process_that_raises_or_dies_is_named_by_its_slots():
+def test_an_env_process_whose_env_raises_names_the_slot_and_one_that_dies_names_its_slots():
     import os
     import signal
 
@@ -357,9 +367,12 @@ def test_an_env_process_that_raises_or_dies_is_named_by_its_slots():
         blocks = {b.slots: b for b in sim._blocks}
         assert set(blocks) in ({"slots 0-1", "slot 2"}, {"slot 0", "slots 1-2"}) or len(blocks) == 1
         last = sim._blocks[-1]
-        with pytest.raises(RuntimeError, match=rf"env process of {last.slots} raised:(.|\n)*step refused action 2"):
+        assert sim.isolates_slots  # an env that raises is its slot's fault, named by the bridge's index
+        with pytest.raises(SlotFaults) as raised:
             sim.step(np.float32([[0.0], [0.0], [2.0]]))
-        sim.step(np.zeros((3, 1), np.float32))  # the pipes stay in step after an error
+        assert list(raised.value.faults) == [2] and "step refused action 2" in raised.value.faults[2]
+        sim.rebuild_slot(2)  # in the process that holds it
+        sim.step(np.zeros((3, 1), np.float32))  # the pipes stay in step after a fault
         os.kill(last.process.pid, signal.SIGKILL)
         last.process.join(5)
         with pytest.raises(RuntimeError, match=rf"env process of {last.slots} died \(exit code -9\)"):

@@ -18,7 +18,11 @@ episode seed ``s`` always means the same variation::
     variation(task, s) = metaworld.MT1(task, seed=s // 50).train_tasks[s % 50]
 
 so seeds 0-49 are the 50 variations of ``MT1(task, seed=0)`` (what ``gym.make("Meta-World/MT1",
-env_name=task, seed=0)`` samples from), seeds 50-99 those of ``MT1(task, seed=1)``, and so on. The
+env_name=task, seed=0)`` samples from), seeds 50-99 those of ``MT1(task, seed=1)``, and so on.
+``MT1`` seeds numpy's legacy generator, which takes seeds below 2**32, so the largest episode seed is
+``MAX_SEED = 50 * 2**32 - 1``; the envs declare it (``hud_claims``), and a bridge refuses a larger
+seed at claim time. A claim without a seed gets one drawn by the bridge and recorded in the results
+(``reset(seed=None)`` on the env itself repeats the last variation: never a new episode). The
 env is reset after ``set_task(variation)`` with Meta-World's random task sampling off, so an episode
 depends only on (task, seed): not on the slot, the worker, the width or the episodes run before in
 the same env. Anyone can rebuild an episode from Meta-World alone with the formula above.
@@ -29,9 +33,24 @@ process; ``meta_world_variations.npz`` next to this file holds block 0 (seeds 0-
 it; a test checks it against ``MT1``). With another Meta-World version it is ignored.
 
 **Rendering** (``pixels=True``): offscreen through MuJoCo's GL backend (``MUJOCO_GL=egl`` headless;
-set here when unset). Multisampling, shadows and reflections are off (85-95 ms -> 8-13 ms per frame
-on a CPU), and the env's own GL context is made current before every render, so several envs
-rendering in one process (a bridge's slots) never return each other's frames.
+set here when unset). To reproduce a frame bit for bit outside this module, with the same MuJoCo
+(3.3.0 with metaworld 3.1.1) and GL backend:
+
+1. build Meta-World's env with ``render_mode="rgb_array"``, ``camera_name=camera`` (``corner2`` by
+   default), ``width=height=size`` (128 by default);
+2. set ``env.model.vis.quality.offsamples = 0`` (no multisampling) *before* the offscreen context
+   exists, then create it: ``viewer = env.mujoco_renderer._get_viewer("rgb_array")``;
+3. turn two scene flags off: ``viewer.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0`` and
+   ``viewer.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0`` (every other flag and
+   ``model.vis`` setting as Meta-World leaves them);
+4. render by camera id (``mujoco.mj_name2id(model, mjOBJ_CAMERA, camera)``) with
+   ``viewer.render("rgb_array", camera_id=...)``, after ``viewer.make_context_current()``;
+5. rotate the frame by 180 degrees: ``frame[::-1, ::-1]`` (rows and columns reversed; the corner
+   cameras are mounted upside down), as a C-contiguous ``uint8 [size, size, 3]`` array.
+
+The observation's frame is rendered after the step (or reset) whose state it shows. These settings
+cut a frame from 85-95 ms to 8-13 ms on a CPU; making the env's own context current every time
+keeps several envs rendering in one process (a bridge's slots) from returning each other's frames.
 
 Factories (bridge targets):
 
@@ -55,6 +74,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from pytest_hud.sim import ClaimRules
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must be set before mujoco is imported
 
@@ -86,6 +107,9 @@ MT10 = (
 MAX_EPISODE_STEPS = 500
 #: Task variations per ``MT1`` benchmark seed: episode seed ``s`` is variation ``s % 50`` of ``MT1(task, seed=s // 50)``.
 VARIATIONS_PER_SEED_BLOCK = 50
+#: The largest episode seed: its block (``seed // 50``) seeds numpy's legacy generator in ``MT1``,
+#: which takes seeds below 2**32.
+MAX_SEED = VARIATIONS_PER_SEED_BLOCK * 2**32 - 1
 #: The seed every env is constructed with (Meta-World draws nothing from it once a variation is set).
 CONSTRUCTION_SEED = 0
 
@@ -122,8 +146,8 @@ def check_task(task: str) -> str:
 
 def variation(task: str, seed: int) -> Any:
     """The Meta-World ``Task`` (variation) that episode ``seed`` of ``task`` runs (see the module docstring)."""
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"a Meta-World episode seed is a non-negative integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"a Meta-World episode seed is an integer from 0 to {MAX_SEED}, got {seed!r}")
     block, index = divmod(int(seed), VARIATIONS_PER_SEED_BLOCK)
     key = (task, block)
     tasks = _VARIATIONS.get(key)
@@ -210,6 +234,8 @@ class MetaWorldTask(gym.Env):
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 80}
+    #: What a bridge's claims may carry: seeds up to MAX_SEED, no reset options (none are read).
+    hud_claims = ClaimRules(max_seed=MAX_SEED, options=())
 
     def __init__(self, task: str = "reach-v3", pixels: bool = False, size: int = 128,
                  camera: str = "corner2", stop_on_success: bool = True,

@@ -4,7 +4,8 @@ Run it with ``python -m pytest_hud.sim TARGET --width N``; write a :class:`Vecto
 serve a sim that is not gym-shaped.
 """
 
-from .base import GymSim, StepBatch, VectorSim
+from .base import GymSim, SlotFaults, StepBatch, VectorSim
+from .claims import ClaimRules
 from .multitask import MultiTaskSim
 
-__all__ = ["GymSim", "MultiTaskSim", "StepBatch", "VectorSim"]
+__all__ = ["ClaimRules", "GymSim", "MultiTaskSim", "SlotFaults", "StepBatch", "VectorSim"]

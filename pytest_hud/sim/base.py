@@ -10,17 +10,20 @@ a :class:`GymSim` hands each sub-env's calls to that env's owner thread, see :mo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..contract import Contract, derive_contract, flatten_observation
+from .claims import ClaimRules
+from .failures import last_line
 
 if TYPE_CHECKING:
     from .threads import EnvThreads
 
-__all__ = ["StepBatch", "VectorSim", "GymSim", "SUCCESS_KEYS"]
+__all__ = ["SUCCESS_KEYS", "GymSim", "SlotFaults", "StepBatch", "VectorSim"]
 
 #: ``info`` keys read (in this order) to latch an episode's success.
 SUCCESS_KEYS = ("is_success", "success", "task_success")
@@ -29,7 +32,7 @@ SUCCESS_KEYS = ("is_success", "success", "task_success")
 class StepBatch:
     """One batched step's outcome: per-slot reward, termination, success and optional score."""
 
-    __slots__ = ("rewards", "terminated", "truncated", "success", "score")
+    __slots__ = ("rewards", "score", "success", "terminated", "truncated")
 
     def __init__(
         self,
@@ -47,6 +50,59 @@ class StepBatch:
         self.score = score  # [N] float, NaN where the sim gives none
 
 
+class SlotFaults(Exception):
+    """Some slots' envs raised in a call of a sim whose slots are independent envs (``isolates_slots``).
+
+    ``faults`` maps each such slot to its traceback text; ``result`` is what the call returns for the
+    other slots (a step's :class:`StepBatch`, a reset's flags in ``indices`` order), whose rows of the
+    faulted slots are ignored. The bridge fails only the faulted slots' episodes and rebuilds their
+    envs (:meth:`VectorSim.rebuild_slot`); every other slot goes on as if nothing happened.
+
+    ``intact`` names faulted slots whose env is unharmed (the claim itself could not be served, such
+    as a task whose env does not match the contract): their episodes fail, nothing is rebuilt.
+    """
+
+    def __init__(self, faults: Mapping[int, str], result: Any, intact: Any = ()) -> None:
+        self.faults = {int(i): str(tb) for i, tb in faults.items()}
+        self.result = result
+        self.intact = {int(i) for i in intact}
+        super().__init__("; ".join(f"slot {i}: {last_line(tb)}" for i, tb in sorted(self.faults.items())))
+
+
+class FaultLog(dict):
+    """Slot faults gathered over a few sim calls: ``{slot: traceback}``, plus ``intact`` (see
+    :class:`SlotFaults`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.intact: set[int] = set()
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``; a :class:`SlotFaults` it raises is logged here and gives its result."""
+        try:
+            return fn(*args, **kwargs)
+        except SlotFaults as exc:
+            self.add(exc.faults, exc.intact)
+            return exc.result
+
+    def add(self, faults: Mapping[int, str], intact: Any = (), offset: int = 0) -> None:
+        self.update({offset + int(i): tb for i, tb in faults.items()})
+        self.intact.update(offset + int(i) for i in intact)
+
+
+def per_slot(fn: Callable[[int], Any], rows: Sequence[int], faults: dict[int, str]) -> list[Any]:
+    """``fn(i)`` for each slot ``i`` of ``rows``; a slot whose call raises gets None, and its
+    traceback in ``faults`` (the other slots' calls still run)."""
+    out = []
+    for i in rows:
+        try:
+            out.append(fn(i))
+        except Exception:  # noqa: BLE001 - one env's fault is that slot's, reported with its traceback
+            faults[i] = traceback.format_exc()
+            out.append(None)
+    return out
+
+
 class VectorSim:
     """Base class for a sim served by a bridge. Override the four hooks.
 
@@ -55,6 +111,16 @@ class VectorSim:
       per-slot success flags at reset (``[len(indices)]`` bool).
     - :meth:`step` — advance all ``width`` slots with ``actions`` (``[N, *action_shape]``).
     - :meth:`observe` — the current observation of every slot, ``{feature: [N, ...]}``.
+
+    Set ``isolates_slots = True`` when one slot's env raising leaves the others' envs untouched
+    (independent envs): :meth:`reset_slots`, :meth:`step` and :meth:`step_slots` then raise
+    :class:`SlotFaults` naming the slots whose envs raised, with the other slots' outcome, and
+    :meth:`rebuild_slot` replaces a faulted slot's env. The bridge fails only those slots' episodes.
+    Elsewhere any exception breaks the bridge: every live episode fails at once, and the pytest
+    plugin's pool replaces it.
+
+    ``claim_rules`` (:class:`~pytest_hud.sim.claims.ClaimRules`) declares what a claim may carry
+    (the largest seed, the option keys); the bridge refuses other claims before touching an env.
 
     Set ``supports_slot_reset = False`` when the sim can only reset all slots at once; the bridge
     then gathers claims into waves, and steps a finished slot with hold actions until the next wave
@@ -76,6 +142,10 @@ class VectorSim:
 
     supports_slot_reset: bool = True
     supports_slot_step: bool = False
+    #: One slot's env raising leaves the others untouched: calls raise :class:`SlotFaults` for it.
+    isolates_slots: bool = False
+    #: What a claim may carry (seeds, option keys); checked by the bridge at claim time.
+    claim_rules: ClaimRules = ClaimRules()
     #: Task names a claim may choose from (empty: the sim has one env, chosen by build arguments).
     tasks: tuple[str, ...] = ()
     #: Set by the bridge's loader when the vectorization asked for did not apply to this sim: why,
@@ -125,6 +195,11 @@ class VectorSim:
     def observe(self) -> dict[str, np.ndarray]:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def rebuild_slot(self, index: int) -> None:  # pragma: no cover - interface
+        """Replace slot ``index``'s env after it raised (``isolates_slots`` sims): close the old one
+        (best effort), build a new one and leave it steppable; its next claim resets it with its seed."""
+        raise NotImplementedError
+
     def hold_action(self) -> np.ndarray:
         """The action given to free, finished and disconnected slots (a no-op where declared)."""
         feat = self.contract().action
@@ -134,6 +209,15 @@ class VectorSim:
 
     def close(self) -> None:
         pass
+
+
+def declared_claim_rules(env: Any) -> ClaimRules | None:
+    """The :class:`ClaimRules` a gymnasium env declares as ``hud_claims`` (through its wrappers), or None."""
+    try:
+        declared = env.get_wrapper_attr("hud_claims")
+    except AttributeError:
+        return None
+    return ClaimRules.of(declared, f"{type(env.unwrapped).__name__}.hud_claims")
 
 
 def _per_slot_info(infos: Mapping[str, Any], key: str, n: int) -> np.ndarray | None:
@@ -211,6 +295,12 @@ class GymSim(VectorSim):
         mode = env.metadata.get("autoreset_mode")
         self.supports_slot_reset = getattr(mode, "value", mode) == "Disabled"
         self.supports_slot_step = self.supports_slot_reset and isinstance(env, SyncVectorEnv)
+        # one env per slot, reset and stepped one by one: one env's exception is its slot's alone
+        self.isolates_slots = self.supports_slot_step
+        if not self._per_slot_seeds and self.width > 1:
+            self.claim_rules = ClaimRules(seeded=False)
+        elif isinstance(env, SyncVectorEnv):
+            self.claim_rules = declared_claim_rules(env.envs[0]) or self.claim_rules
         # --hud-vectorization=threads: each sub-env is reset, stepped and closed on its owner thread
         if threads is not None and not self.supports_slot_step:
             raise ValueError("env threads need a SyncVectorEnv with autoreset disabled (one env per slot)")
@@ -268,12 +358,17 @@ class GymSim(VectorSim):
             seed_list[i] = s
         # Options are per call: the server resets slots whose options differ in separate calls.
         opts = dict(next((o for o in options if o), None) or {})
-        if self._threads is not None:  # what SyncVectorEnv.reset does per env, on the env's thread
-            envs, rows = self.env.envs, list(indices)
-            outs = self._threads.map(lambda i: envs[i].reset(seed=seed_list[i], options=dict(opts)), rows)
-            for i, (obs, _) in zip(rows, outs):
-                self._write_row(i, obs)
-            return np.array([_info_success(info) for _, info in outs], bool)
+        if self.isolates_slots:  # what SyncVectorEnv.reset does per env (on the env's thread with threads)
+            envs, rows, faults = self.env.envs, list(indices), {}
+            outs = self._each(lambda i: envs[i].reset(seed=seed_list[i], options=dict(opts)), rows, faults)
+            flags = np.zeros(len(rows), bool)
+            for k, (i, out) in enumerate(zip(rows, outs)):
+                if out is not None:
+                    self._write_row(i, out[0])
+                    flags[k] = _info_success(out[1])
+            if faults:
+                raise SlotFaults(faults, flags)
+            return flags
         if self.supports_slot_reset:
             mask = np.zeros(n, bool)
             mask[list(indices)] = True
@@ -311,12 +406,12 @@ class GymSim(VectorSim):
         # field costs more than the list's
         rewards, terminated, truncated, success = [0.0] * n, [False] * n, [False] * n, [False] * n
         score = None
-        envs, rows = self.env.envs, np.flatnonzero(mask).tolist()
-        if self._threads is not None:
-            outs = self._threads.map(lambda i: envs[i].step(actions[i]), rows)
-        else:
-            outs = [envs[i].step(actions[i]) for i in rows]
-        for i, (obs, reward, term, trunc, info) in zip(rows, outs):
+        envs, rows, faults = self.env.envs, np.flatnonzero(mask).tolist(), {}
+        outs = self._each(lambda i: envs[i].step(actions[i]), rows, faults)
+        for i, out in zip(rows, outs):
+            if out is None:
+                continue  # this env raised: its slot's episode fails, the others' go on
+            obs, reward, term, trunc, info = out
             rewards[i], terminated[i], truncated[i] = float(reward), bool(term), bool(trunc)
             self._write_row(i, obs)
             if info:  # most envs' info is empty on most steps: nothing to look up
@@ -325,10 +420,39 @@ class GymSim(VectorSim):
                     if score is None:
                         score = np.full(n, np.nan)
                     score[i] = float(info["score"])
-        return StepBatch(np.array(rewards), np.array(terminated), np.array(truncated), np.array(success), score)
+        batch = StepBatch(np.array(rewards), np.array(terminated), np.array(truncated), np.array(success), score)
+        if faults:
+            raise SlotFaults(faults, batch)
+        return batch
+
+    def _each(self, fn: Callable[[int], Any], rows: list[int], faults: dict[int, str]) -> list[Any]:
+        """``fn(i)`` per slot of ``rows`` (on its owner thread with threads); see :func:`per_slot`."""
+        if self._threads is None:
+            return per_slot(fn, rows, faults)
+        return self._threads.map(lambda i: per_slot(fn, [i], faults)[0], rows)
+
+    def rebuild_slot(self, index: int) -> None:
+        """A new env for slot ``index`` from the vector env's own factory, reset once without a seed
+        so that a lockstep hold-step finds it steppable (its next claim resets it with its seed)."""
+        if not self.isolates_slots:
+            raise NotImplementedError("only a SyncVectorEnv of single envs rebuilds one slot's env")
+        envs, fns = self.env.envs, self.env.env_fns
+
+        def rebuild(i: int) -> None:
+            try:
+                envs[i].close()
+            except Exception:  # noqa: BLE001 - the env that raised may not close cleanly
+                pass
+            envs[i] = fns[i]()
+            self._write_row(i, envs[i].reset()[0])
+
+        if self._threads is not None:
+            self._threads.map(rebuild, [index])
+        else:
+            rebuild(index)
 
     def step(self, actions: np.ndarray) -> StepBatch:
-        if self._threads is not None:
+        if self.isolates_slots:  # env by env, so that an exception is pinned on its slot
             return self.step_slots(actions, np.ones(self.width, bool))
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
         self._obs = self._flatten(obs)

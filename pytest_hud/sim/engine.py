@@ -28,7 +28,13 @@ Tick rules (DESIGN §6). A bridge ticks in one of three modes (:func:`resolve_ti
   act together, so a batching policy server still gets their requests together, and one lane's
   forward pass overlaps the other lanes' sim steps;
 - never step when no slot is LIVE;
-- a bad action fails that slot only; a sim exception fails the slots that acted and breaks the bridge;
+- a bad action fails that slot only;
+- a sim whose slots are independent envs (``isolates``) pins an exception on the slots whose envs
+  raised (:meth:`BridgeEngine.faulted`): their episodes fail, their envs are rebuilt before the next
+  claim lands there (a slot is retired after ``max_faults`` faults, or when its rebuild fails), and
+  every other slot goes on exactly as without the fault. Any other sim exception breaks the bridge
+  and fails every LIVE episode at once (``bridge broken by slot N's reset: ...``): none waits for its
+  own timeout;
 - a slot silent past its deadline (first action, then each step) is failed; its peers continue.
 
 Starting together (``start_together``, for a batching policy server): an episode whose slot was
@@ -37,6 +43,9 @@ reset does not get its first observation until it and the LIVE episodes are ``st
 on the same tick ask the policy server for their action chunks on the same ticks, so its batches
 stay full; started a few ticks apart, each group of them needs a forward pass of its own, and a
 lockstep tick waits for every one.
+
+Claims are checked against the sim's :class:`~.claims.ClaimRules` before any env is touched, and a
+claim without a seed gets one drawn here (returned with the claim, so the episode can be run again).
 
 Wave mode (sims that reset all slots at once): claims gather until the next global reset; once a
 wave is planned, a new claim waits until every episode of that wave is over, because the next global
@@ -49,20 +58,35 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import secrets
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..contract import Contract, ContractError
-from .failures import (ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout, EpisodeOver,
-                       NoFirstObservation, SimFailed, SlotError, SlotFailure, SlotReleased, TaskError)
+from .claims import ClaimRules
+from .failures import (
+    ActionTimeout,
+    BadAction,
+    BadClaim,
+    BridgeBroken,
+    ClaimTimeout,
+    EpisodeOver,
+    NoFirstObservation,
+    SimFailed,
+    SlotError,
+    SlotFailure,
+    SlotReleased,
+    TaskError,
+    last_line,
+)
 from .slots import Slot, SlotState
 
-__all__ = ["TICK_MODES", "DEFAULT_START_WINDOW", "DEFAULT_TICK_WINDOW", "Timeouts", "Handshake", "ResetPlan", "TickPlan", "BridgeEngine", "resolve_tick"]
+__all__ = ["DEFAULT_START_WINDOW", "DEFAULT_TICK_WINDOW", "TICK_MODES", "BridgeEngine", "Handshake", "ResetPlan", "TickPlan", "Timeouts", "resolve_tick"]
 
 #: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the others.
 TICK_MODES = ("auto", "lockstep", "ready", "lanes")
@@ -142,6 +166,7 @@ class ResetPlan:
     seeds: list[int | None]
     options: list[dict[str, Any] | None]
     tasks: list[str | None] | None = None  # each slot's task, for a sim that declares tasks
+    rebuild: list[int] = field(default_factory=list)  # slots whose env raised: rebuilt before their reset
 
 
 @dataclass
@@ -166,7 +191,9 @@ class BridgeEngine:
                  wave: bool = False, timeouts: Timeouts | None = None,
                  build_args: dict[str, Any] | None = None, tick: str = "lockstep",
                  tick_window: float = DEFAULT_TICK_WINDOW, tasks: tuple[str, ...] = (),
-                 lanes: tuple[int, ...] | None = None, start_together: int = 0) -> None:
+                 lanes: tuple[int, ...] | None = None, start_together: int = 0,
+                 claims: ClaimRules | None = None, isolates: bool = False, max_faults: int = 3,
+                 rng: random.Random | None = None) -> None:
         if width < 1:
             raise ValueError(f"width must be at least 1, got {width}")
         if hold not in ("zeros", "repeat"):
@@ -204,6 +231,13 @@ class BridgeEngine:
         self._by_token: dict[str, Slot] = {}
         self._handshakes: set[Handshake] = set()
         self.broken: str | None = None  # the sim's traceback, once it raised
+        self.claims = claims or ClaimRules()
+        self._rng = rng or random.SystemRandom()  # seeds for claims that give none
+        self.isolates = isolates and not wave  # an env's exception is its slot's alone (see faulted)
+        if max_faults < 1:
+            raise ValueError(f"max_faults must be at least 1, got {max_faults}")
+        self.max_faults = max_faults
+        self.notes: list[str] = []  # slots retired, for the bridge's stats (the run's summary)
         self.ticks = self.slot_steps = self.env_steps = self.episodes = 0
 
     @property
@@ -234,6 +268,11 @@ class BridgeEngine:
         options = task.get("options")
         if options is not None and not isinstance(options, dict):
             raise TaskError(f"options must be an object or null, got {type(options).__name__}")
+        problem = self.claims.problem(seed, options)
+        if problem:
+            raise TaskError(problem)
+        if seed is None:  # drawn here and returned: the episode can be run again from its record
+            task["seed"] = self.claims.draw_seed(self._rng)
         prompt = task.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
             raise TaskError(f"prompt must be a string or null, got {type(prompt).__name__}")
@@ -257,7 +296,7 @@ class BridgeEngine:
         """A slot is free, and (wave mode) no wave is planned or running: such a claim waits for the next."""
         if self.wave and self._wave_busy():
             return False
-        return any(s.state is SlotState.FREE for s in self.slots)
+        return any(s.state is SlotState.FREE and s.service is None for s in self.slots)
 
     def _wave_busy(self) -> bool:
         """A wave is being reset, or its slots wait for their agents or run (wave mode)."""
@@ -272,7 +311,8 @@ class BridgeEngine:
         Where slots step in parallel lanes (``lanes``), it then prefers the lane with the fewest
         claimed slots, so that two episodes on a bridge of two processes step on both.
         """
-        free = [s for s in self.slots if s.state is SlotState.FREE and index in (None, s.index)]
+        free = [s for s in self.slots
+                if s.state is SlotState.FREE and s.service is None and index in (None, s.index)]
         if not free:
             raise SlotError("no free slot")
         name = task.get("task")
@@ -338,15 +378,22 @@ class BridgeEngine:
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [
-            {"slot": s.index, "state": s.state.value, "steps": s.steps, "connected": s.connected}
+            {"slot": s.index, "state": s.state.value, "steps": s.steps, "connected": s.connected,
+             "faults": s.faults, "service": s.service}
             for s in self.slots
         ]
+
+    @property
+    def in_service(self) -> int:
+        """Slots not retired (the bridge's width as it now runs)."""
+        return sum(1 for s in self.slots if not (s.service or "").startswith("retired"))
 
     # ---------------------------------------------------------------- resets
     def plan_reset(self, slots: list[Slot]) -> ResetPlan:
         tasks = [s.task.get("task") for s in slots] if self.tasks else None
         return ResetPlan(list(slots), [s.index for s in slots], [s.seed for s in slots],
-                         [s.options for s in slots], tasks)
+                         [s.options for s in slots], tasks,
+                         [s.index for s in slots if s.service == "rebuild"])
 
     def plan_wave(self) -> ResetPlan | None:
         """Wave mode: reset every claim gathered so far at once (None when there is none, or while an
@@ -370,15 +417,80 @@ class BridgeEngine:
             for s in self.slots:
                 s.needs_park_reset = False
 
-    def reset_failed(self, plan: ResetPlan, traceback: str) -> SimFailed:
-        """The sim raised during ``plan``: the bridge is broken and the slots being bound fail."""
+    def reset_failed(self, plan: ResetPlan, traceback: str) -> tuple[SimFailed, list[tuple[int, SlotFailure]]]:
+        """The sim raised during ``plan`` and cannot pin it on a slot: the bridge is broken, the slots
+        being bound fail, and so does every LIVE episode at once (none could ever step again).
+        Returns the reset's failure and ``(slot index, failure)`` for each LIVE slot ended."""
         self._mark_broken(traceback)
         self._wave_resetting = False
+        which = ", ".join(map(str, plan.indices))
+        cause = f"slot {which}'s reset" if len(plan.indices) == 1 else f"the reset of slots {which}"
         failure = SimFailed(f"sim raised during reset: {self.broken_reason}")
         for s in plan.slots:
             if s.connected:  # per-slot reset at bind; a wave's claimers hear it from reset()
                 self._end(s, str(failure), failure)
-        return failure
+        return failure, self._break_live(cause)
+
+    def _break_live(self, cause: str) -> list[tuple[int, SlotFailure]]:
+        """End every LIVE episode of a bridge that ``cause`` broke; returns them, to be told now."""
+        ended: list[tuple[int, SlotFailure]] = []
+        for s in self.slots:
+            if s.state is SlotState.LIVE:
+                failure = BridgeBroken(f"slot {s.index}: bridge broken by {cause}: {self.broken_reason}; "
+                                       "the pool replaces it")
+                self._end(s, str(failure), failure)
+                ended.append((s.index, failure))
+        return ended
+
+    # ---------------------------------------------------------------- faults
+    def faulted(self, acting: list[tuple[Slot, str | None]], faults: dict[int, str],
+                stage: str, intact: Any = ()) -> list[tuple[int, SimFailed]]:
+        """The envs of ``faults``' slots raised during a ``stage`` (reset, step) of a sim that isolates
+        its slots: each one's episode fails (if it was one of ``acting``, as ``(slot, token)``), its
+        env is to be rebuilt (:meth:`to_rebuild`) or, after ``max_faults`` faults, the slot is retired.
+        Every other slot is untouched, and so is each slot of ``intact`` (its env is unharmed: the
+        claim itself could not be served). Returns the failures to tell the slots' agents now."""
+        tokens = {s.index: token for s, token in acting}
+        failed: list[tuple[int, SimFailed]] = []
+        for i, trace in sorted(faults.items()):
+            slot = self.slots[i]
+            why = last_line(trace)
+            if i not in intact and not (slot.service or "").startswith("retired"):  # (retired stays retired)
+                slot.faults += 1
+                if slot.faults >= self.max_faults:
+                    self._retire(slot, f"its env raised {slot.faults} times (last: {why})")
+                else:
+                    slot.service = "rebuild"
+            if i in tokens and slot.token is not None and slot.token == tokens[i]:
+                what = f"slot {i} could not serve this claim" if i in intact else f"slot {i}'s env raised"
+                failure = SimFailed(f"{what} during {stage}: {why}; this episode fails, the "
+                                    f"bridge's other slots go on\n{trace.rstrip()}")
+                self._end(slot, str(failure), failure)
+                failed.append((i, failure))
+        return failed
+
+    def to_rebuild(self) -> list[int]:
+        """Slots whose env raised and is not rebuilt yet, and that no claim holds (a claimed one is
+        rebuilt by its own reset: :attr:`ResetPlan.rebuild`)."""
+        return [s.index for s in self.slots
+                if s.service == "rebuild" and s.state in (SlotState.FREE, SlotState.DONE)]
+
+    def rebuilt(self, index: int, error: str | None) -> None:
+        """Slot ``index``'s env was rebuilt (``error`` None) or its rebuild raised: it is retired."""
+        slot = self.slots[index]
+        if slot.service != "rebuild":
+            return
+        if error is None:
+            slot.service = None
+        else:
+            self._retire(slot, f"its env could not be rebuilt ({last_line(error)})")
+
+    def _retire(self, slot: Slot, why: str) -> None:
+        slot.service = f"retired: {why}"
+        left = self.in_service
+        self.notes.append(f"slot {slot.index} retired: {why}; the bridge runs on {left} of {self.width} slots")
+        if not left:
+            self._mark_broken(f"every slot of this bridge was retired: {why}")
 
     # ------------------------------------------------------------- agent side
     def open(self, now: float) -> Handshake:
@@ -542,9 +654,15 @@ class BridgeEngine:
                     actions[s.index] = self._hold_action  # keeps the batch well-formed; not stepped
             return TickPlan(actions, park, acting, mask)
         repeat = self.hold == "repeat"
+        # a slot out of service (its env raised) is neither parked nor stepped: only the others are
+        out = [s.index for s in self.slots if s.service is not None] if self.isolates else []
+        mask = None
+        if out:
+            mask = np.ones(len(self.slots), bool)
+            mask[out] = False
         for s in self.slots:
             live = s.state is SlotState.LIVE
-            if s.needs_park_reset and not live and not self.wave:
+            if s.needs_park_reset and not live and not self.wave and s.service is None:
                 park.append(s.index)
             if live:
                 actions[s.index] = s.pending_action
@@ -553,7 +671,7 @@ class BridgeEngine:
                 actions[s.index] = s.last_action
             else:
                 actions[s.index] = self._hold_action
-        return TickPlan(actions, park, acting)
+        return TickPlan(actions, park, acting, mask)
 
     def plan_lane(self, lane: int) -> TickPlan | None:
         """Lanes mode: the step of ``lane``'s LIVE slots once every one of them has acted, else None.
@@ -627,23 +745,20 @@ class BridgeEngine:
             frames.append((i, frame(i, reward, done, truncated, s.success)))
         return frames
 
-    def step_failed(self, plan: TickPlan, traceback: str) -> list[tuple[int, SimFailed]]:
-        """The sim raised during ``plan``: the bridge is broken and every slot that acted fails."""
+    def step_failed(self, plan: TickPlan, traceback: str) -> list[tuple[int, SlotFailure]]:
+        """The sim raised during ``plan`` and cannot pin it on a slot: the bridge is broken, every slot
+        that acted fails, and so does every other LIVE one at once (it could never step again)."""
         self._mark_broken(traceback)
         # the exception's own line first: it is what a summary line or a report shows
         why = f"sim raised during step: {self.broken_reason}\n{self.broken}"
-        failed = []
+        failed: list[tuple[int, SlotFailure]] = []
         for s, token, _ in plan.acting:
             if s.token == token:
                 failure = SimFailed(f"slot {s.index}: {why}")
                 self._end(s, why, failure)
                 failed.append((s.index, failure))
-        for s in self.slots:  # live slots that did not act (ready mode) can never be stepped again
-            if s.state is SlotState.LIVE:
-                failure = BridgeBroken(f"slot {s.index}: bridge is broken: {self.broken_reason}")
-                self._end(s, str(failure), failure)
-                failed.append((s.index, failure))
-        return failed
+        stepped = ", ".join(str(s.index) for s, _, _ in plan.acting) or "none"
+        return failed + self._break_live(f"a step of slots {stepped}")
 
     # --------------------------------------------------------------- helpers
     def _end(self, slot: Slot, error: str | None, failure: SlotFailure | None = None) -> None:

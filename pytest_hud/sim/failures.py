@@ -8,9 +8,26 @@ anything the agent did or failed to do is 1008), never from the message's wordin
 from __future__ import annotations
 
 __all__ = [
-    "SlotError", "TaskError", "SlotFailure", "BadClaim", "BadAction", "ClaimTimeout", "ActionTimeout",
-    "BridgeBroken", "SimFailed", "SlotReleased", "EpisodeOver", "NoFirstObservation",
+    "ActionTimeout",
+    "BadAction",
+    "BadClaim",
+    "BridgeBroken",
+    "ClaimTimeout",
+    "EpisodeOver",
+    "NoFirstObservation",
+    "SimFailed",
+    "SlotError",
+    "SlotFailure",
+    "SlotReleased",
+    "TaskError",
+    "last_line",
 ]
+
+
+def last_line(trace: str) -> str:
+    """The exception line of a traceback's text (its last non-empty line): what a message leads with."""
+    lines = [line for line in str(trace).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no message)"
 
 
 class SlotError(LookupError):

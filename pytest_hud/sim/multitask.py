@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..contract import Contract, ContractError, derive_contract, flatten_observation
-from .base import SUCCESS_KEYS, StepBatch, VectorSim
+from .base import SUCCESS_KEYS, SlotFaults, StepBatch, VectorSim, declared_claim_rules, per_slot
 
 __all__ = ["MultiTaskSim"]
 
@@ -38,6 +38,7 @@ class MultiTaskSim(VectorSim):
     """``width`` slots over ``tasks``, each slot with an LRU cache of up to ``cache_size`` envs (one per task)."""
 
     supports_slot_step = True  # slots are separate envs: the bridge may step a subset (ready mode)
+    isolates_slots = True  # one env raising fails its slot's episode only (its envs are rebuilt)
 
     def __init__(self, width: int, tasks: Sequence[str], make_env: Callable[[str], Any],
                  cache_size: int = 4, control_rate: float | None = None) -> None:
@@ -66,6 +67,7 @@ class MultiTaskSim(VectorSim):
             for name, feat in self._contract.observation_features.items()
         }
         self._write(0, obs)
+        self.claim_rules = declared_claim_rules(probe) or self.claim_rules
 
     def contract(self) -> Contract:
         return self._contract
@@ -102,7 +104,11 @@ class MultiTaskSim(VectorSim):
             raise KeyError(f"task {task!r} is not one of this sim's tasks {list(self.tasks)}")
         env = self._build(task)
         if task != self.tasks[0]:
-            self._check(task, env)
+            try:
+                self._check(task, env)
+            except ContractError:
+                env.close()
+                raise
         cache[task] = env
         while len(cache) > self.cache_size:
             _, old = cache.popitem(last=False)
@@ -119,12 +125,20 @@ class MultiTaskSim(VectorSim):
                     options: Sequence[Mapping[str, Any] | None],
                     tasks: Sequence[str | None] | None = None) -> np.ndarray:
         flags = np.zeros(len(indices), bool)
-        for k, (i, seed, opts) in enumerate(zip(indices, seeds, options)):
+        refused: set[int] = set()
+
+        def reset(k: int) -> None:
+            i, seed, opts = indices[k], seeds[k], options[k]
             if tasks is not None and tasks[k] is None:
                 self._active[i] = False  # the episode is over: idle until the next claim, unstepped
-                continue
+                return
             task = tasks[k] if tasks is not None else self._task_of(i)
-            env = self.env_for(i, task)
+            self._active[i] = False  # stepped only once its reset has worked
+            try:
+                env = self.env_for(i, task)
+            except ContractError:
+                refused.add(i)  # the claim's task cannot be served; the slot's envs are as they were
+                raise
             if env is not self._current[i]:
                 self.switches += self._current[i] is not None
                 self._current[i] = env
@@ -132,6 +146,12 @@ class MultiTaskSim(VectorSim):
             self._write(i, obs)
             self._active[i] = True
             flags[k] = _info_flag(info)
+
+        failed: dict[int, str] = {}
+        per_slot(reset, range(len(indices)), failed)
+        faults = {indices[k]: tb for k, tb in failed.items()}
+        if faults:
+            raise SlotFaults(faults, flags, intact=refused)
         return flags
 
     def _task_of(self, slot: int) -> str:
@@ -152,8 +172,12 @@ class MultiTaskSim(VectorSim):
         truncated = np.zeros(n, bool)
         success = np.zeros(n, bool)
         score = np.full(n, np.nan)
-        for i in np.flatnonzero(self._active & np.asarray(mask, bool)):
-            obs, reward, term, trunc, info = self._current[i].step(actions[i])
+        rows, faults = np.flatnonzero(self._active & np.asarray(mask, bool)).tolist(), {}
+        for i, out in zip(rows, per_slot(lambda i: self._current[i].step(actions[i]), rows, faults)):
+            if out is None:
+                self._active[i] = False  # its env raised: never stepped again until rebuilt and reset
+                continue
+            obs, reward, term, trunc, info = out
             self._write(i, obs)
             rewards[i], terminated[i], truncated[i] = float(reward), bool(term), bool(trunc)
             success[i] = _info_flag(info)
@@ -161,7 +185,23 @@ class MultiTaskSim(VectorSim):
                 score[i] = float(info["score"])
             if term or trunc:
                 self._active[i] = False  # never step a finished env (some refuse to)
-        return StepBatch(rewards, terminated, truncated, success, score)
+        batch = StepBatch(rewards, terminated, truncated, success, score)
+        if faults:
+            raise SlotFaults(faults, batch)
+        return batch
+
+    def rebuild_slot(self, index: int) -> None:
+        """Drop every env slot ``index`` has cached (the one that raised among them): its next claim
+        builds its task's env afresh. Nothing is built now, so a rebuild cannot fail here."""
+        cache = self._caches[index]
+        for env in cache.values():
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - the env that raised may not close cleanly
+                pass
+        cache.clear()
+        self._current[index] = None
+        self._active[index] = False
 
     def observe(self) -> dict[str, np.ndarray]:
         return self._obs

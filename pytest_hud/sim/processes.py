@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from ..contract import Contract
-from .base import StepBatch, VectorSim, sim_stats
+from .base import FaultLog, SlotFaults, StepBatch, VectorSim, sim_stats
+from .claims import ClaimRules
 
 __all__ = ["ProcessSim"]
 
@@ -59,7 +60,8 @@ def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str
     try:
         sim = load_sim(target, width, "sync", build_args, control_rate)
         conn.send(("ok", (sim.contract().to_dict(), sim.supports_slot_step, sim.supports_slot_reset,
-                          sim.observe(), tuple(getattr(sim, "tasks", ()) or ()), sim_stats(sim))))
+                          sim.observe(), tuple(getattr(sim, "tasks", ()) or ()), sim_stats(sim),
+                          sim.isolates_slots, sim.claim_rules.to_dict())))
     except BaseException:  # noqa: BLE001 - the bridge reports it with the target
         conn.send(("error", traceback.format_exc()))
         return
@@ -73,18 +75,23 @@ def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str
                 sim.close()
                 conn.send(("ok", None))
                 return
+            faults = FaultLog()
             try:
+                if call == "rebuild":
+                    sim.rebuild_slot(*args)
+                    conn.send(("ok", None))
+                    continue
                 if call == "reset":
                     indices, seeds, options, tasks = args
                     # a multi-task sim takes each slot's task; other sims are never passed one
-                    flags = (sim.reset_slots(indices, seeds, options) if tasks is None
-                             else sim.reset_slots(indices, seeds, options, tasks=tasks))
+                    kwargs = {} if tasks is None else {"tasks": tasks}
+                    flags = faults.call(sim.reset_slots, indices, seeds, options, **kwargs)
                     out: Any = (flags, sim_stats(sim))  # its counters change on resets (env builds)
                 elif call == "step":
-                    out = _batch_fields(sim.step(*args))
+                    out = _batch_fields(faults.call(sim.step, *args))
                 else:
-                    out = _batch_fields(sim.step_slots(*args))
-                conn.send(("ok", (out, sim.observe())))
+                    out = _batch_fields(faults.call(sim.step_slots, *args))
+                conn.send(("ok", (out, sim.observe(), dict(faults), sorted(faults.intact))))
             except BaseException:  # noqa: BLE001 - raised in the bridge, which marks itself broken
                 conn.send(("error", traceback.format_exc()))
     finally:
@@ -115,13 +122,20 @@ class _Block:
         except (OSError, EOFError):
             raise self._died() from None
 
-    def answer(self) -> Any:
+    def answer(self, faults: FaultLog | None = None) -> Any:
+        """The block's answer; slot faults it reports (block-local indices) go into ``faults``, as
+        the bridge's slot indices."""
         try:
             status, value = self.conn.recv()
         except (OSError, EOFError):
             raise self._died() from None
         if status == "error":
             raise RuntimeError(f"the env process of {self.slots} raised:\n{value.rstrip()}")
+        if isinstance(value, tuple) and len(value) == 4:  # a reset's or a step's answer
+            out, obs, local, intact = value
+            if faults is not None:
+                faults.add(local, intact, offset=self.start)
+            return out, obs
         return value
 
     def _died(self) -> RuntimeError:
@@ -155,6 +169,8 @@ class ProcessSim(VectorSim):
         self.supports_slot_reset = all(h[2] for h in hellos)
         self._obs = {key: np.concatenate([h[3][key] for h in hellos]) for key in hellos[0][3]}
         self.tasks = hellos[0][4]
+        self.isolates_slots = all(h[6] for h in hellos)  # each env lives in one block's process
+        self.claim_rules = ClaimRules.from_dict(hellos[0][7])
         for block, hello in zip(self._blocks, hellos):
             block.stats = hello[5]
         self.lanes = tuple(k for k, block in enumerate(self._blocks) for _ in range(block.start, block.stop))
@@ -168,12 +184,13 @@ class ProcessSim(VectorSim):
         for key, rows in obs.items():
             self._obs[key][block.start:block.stop] = rows
 
-    def _gather(self, blocks: list[_Block]) -> list[Any]:
-        """Every block's answer (all of them, even after one raised: the pipes stay in step)."""
+    def _gather(self, blocks: list[_Block], faults: FaultLog | None = None) -> list[Any]:
+        """Every block's answer (all of them, even after one raised: the pipes stay in step); the
+        slots whose envs raised, in blocks that isolate them, go into ``faults``."""
         answers, error = [], None
         for block in blocks:
             try:
-                answers.append(block.answer())
+                answers.append(block.answer(faults))
             except RuntimeError as exc:
                 answers.append(None)
                 error = error or exc
@@ -193,17 +210,20 @@ class ProcessSim(VectorSim):
                            [options[n] for n in ns], None if tasks is None else [tasks[n] for n in ns])
                 shares.append((block, ns))
         flags = np.zeros(len(indices), bool)
-        for (block, ns), ((block_flags, stats), obs) in zip(shares, self._gather([b for b, _ in shares])):
+        faults = FaultLog()
+        for (block, ns), ((block_flags, stats), obs) in zip(shares, self._gather([b for b, _ in shares], faults)):
             flags[ns] = np.asarray(block_flags, bool)
             block.stats = stats
             self._take(block, obs)
+        if faults:
+            raise SlotFaults(faults, flags, faults.intact)
         return flags
 
     def step(self, actions: np.ndarray) -> StepBatch:
         self._idle("step")
         for block in self._blocks:
             block.send("step", actions[block.start:block.stop])
-        return self._batch(self._blocks, self._gather(self._blocks))
+        return self._faulted(self._blocks)
 
     def step_slots(self, actions: np.ndarray, mask: np.ndarray) -> StepBatch:
         self._idle("step_slots")
@@ -212,7 +232,22 @@ class ProcessSim(VectorSim):
         blocks = [b for b in self._blocks if mask[b.start:b.stop].any()]
         for block in blocks:
             block.send("step_slots", actions[block.start:block.stop], mask[block.start:block.stop])
-        return self._batch(blocks, self._gather(blocks))
+        return self._faulted(blocks)
+
+    def _faulted(self, blocks: list[_Block]) -> StepBatch:
+        """The blocks' step answers as one batch; :class:`SlotFaults` with it when some envs raised."""
+        faults = FaultLog()
+        batch = self._batch(blocks, self._gather(blocks, faults))
+        if faults:
+            raise SlotFaults(faults, batch, faults.intact)
+        return batch
+
+    def rebuild_slot(self, index: int) -> None:
+        """A new env for slot ``index``, built in the process that holds it."""
+        block = next(b for b in self._blocks if b.start <= index < b.stop)
+        self._idle("rebuild_slot")
+        block.send("rebuild", index - block.start)
+        block.answer()
 
     # Lane ticks (``--hud-tick=lanes``): a block's step is sent, and its answer read once the pipe is
     # readable, while other blocks' steps are under way. A block has at most one call in flight.
@@ -233,7 +268,11 @@ class ProcessSim(VectorSim):
         and :meth:`observe`, whose rows of this block are now its observations."""
         block = self._blocks[lane]
         self._in_flight.discard(lane)
-        return self._batch([block], self._gather([block])), self._obs
+        faults = FaultLog()
+        batch = self._batch([block], self._gather([block], faults))
+        if faults:
+            raise SlotFaults(faults, (batch, self._obs), faults.intact)
+        return batch, self._obs
 
     def _idle(self, call: str) -> None:
         if self._in_flight:

@@ -24,8 +24,16 @@ import numpy as np
 
 from ..rpc import RpcError, RpcServer
 from ..wire import MAX_FRAME_BYTES, WireError, packb, rows_packer, unpack_action, unpackb
-from .base import VectorSim, sim_stats, stepping_hint
-from .engine import DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick
+from .base import FaultLog, VectorSim, sim_stats, stepping_hint
+from .engine import (
+    DEFAULT_START_WINDOW,
+    DEFAULT_TICK_WINDOW,
+    BridgeEngine,
+    Handshake,
+    ResetPlan,
+    Timeouts,
+    resolve_tick,
+)
 from .failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
 from .slots import Slot, SlotState
 from .threads import default_threads
@@ -74,7 +82,10 @@ class BridgeServer:
                                    wave=not sim.supports_slot_reset, timeouts=timeouts,
                                    build_args=build_args, tick=tick, tick_window=tick_window,
                                    tasks=tuple(getattr(sim, "tasks", ()) or ()),
-                                   lanes=getattr(sim, "lanes", None), start_together=start_together)
+                                   lanes=getattr(sim, "lanes", None), start_together=start_together,
+                                   claims=sim.claim_rules,
+                                   # pinning a fault on a slot needs a sim that steps a subset of slots
+                                   isolates=sim.isolates_slots and sim.supports_slot_step)
         self._start_window = start_window
         self._held: list[tuple[WsConnection, _Peer]] = []  # reset, first observation held back (start together)
         self._held_timer: asyncio.TimerHandle | None = None
@@ -92,6 +103,7 @@ class BridgeServer:
         self._ticking = False
         self._window: asyncio.TimerHandle | None = None  # ready mode: the armed window's timer
         self._wave_task: asyncio.Task | None = None
+        self._rebuild_task: asyncio.Task | None = None
         self.rpc = RpcServer(
             {
                 "contract": self._rpc_contract,
@@ -140,6 +152,8 @@ class BridgeServer:
             "tick": self.engine.tick,
             "vectorization": self.sim.vectorization,
             "tasks": list(self.engine.tasks),
+            "isolates": self.engine.isolates,
+            "claims": self.engine.claims.to_dict(),
         }
 
     # --------------------------------------------------------------- control
@@ -170,6 +184,9 @@ class BridgeServer:
             "step_s": self.step_s,
             "hint": stepping_hint(self.sim, engine.ticks, engine.env_steps, self.step_s,
                                   self._ticked_until - self._ticked_from, default_threads(engine.width)),
+            "isolates": engine.isolates,
+            "in_service": engine.in_service,
+            "notes": list(engine.notes),
         }
 
     async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
@@ -198,7 +215,9 @@ class BridgeServer:
             slot = engine.claim(conn.id, task)
         if engine.wave:
             await self._join_wave(slot)
-        return {"token": slot.token, "slot": slot.index, "prompt": slot.prompt}
+        # the seed (drawn here when the claim gave none) and task the episode runs: its record's
+        return {"token": slot.token, "slot": slot.index, "prompt": slot.prompt, "seed": slot.seed,
+                "task": slot.task.get("task")}
 
     async def _join_wave(self, slot: Slot) -> None:
         """Wave fallback: wait for the next global reset, which gathers every pending claim."""
@@ -222,14 +241,63 @@ class BridgeServer:
                 raise RpcError(str(failure)) from None
 
     async def _reset(self, plan: ResetPlan) -> None:
-        """Run ``plan`` on the main thread; a sim exception breaks the bridge (raises :class:`SimFailed`)."""
+        """Run ``plan`` on the main thread. A sim exception breaks the bridge (raises :class:`SimFailed`;
+        every LIVE episode hears it at once); where the sim isolates its slots, only the slots whose
+        envs raised fail (raises :class:`SimFailed` when the slot of ``plan`` is one of them)."""
+        engine = self.engine
         try:
-            flags, rows = await self._sim_call(
-                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options, plan.tasks
+            flags, rows, faults = await self._sim_call(
+                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options, plan.tasks, plan.rebuild
             )
         except Exception:
-            raise self.engine.reset_failed(plan, _explain(traceback.format_exc())) from None
-        self.engine.apply_reset(plan, flags, rows)
+            failure, ended = engine.reset_failed(plan, _explain(traceback.format_exc()))
+            self._tell(ended)
+            raise failure from None
+        if not faults:
+            for i in plan.rebuild:
+                engine.rebuilt(i, None)
+            engine.apply_reset(plan, flags, rows)
+            return
+        if not engine.isolates:  # a sim that says it isolates slots but does not: broken, as above
+            failure, ended = engine.reset_failed(plan, _explain("\n".join(faults.values())))
+            self._tell(ended)
+            raise failure
+        for i in plan.rebuild:  # a rebuild that raised retires its slot
+            engine.rebuilt(i, faults.get(i))
+        failed = dict(engine.faulted([(s, s.token) for s in plan.slots], faults, "reset", faults.intact))
+        keep = [n for n, i in enumerate(plan.indices) if i not in faults]
+        if keep:
+            kept = ResetPlan([plan.slots[n] for n in keep], [plan.indices[n] for n in keep],
+                             [plan.seeds[n] for n in keep], [plan.options[n] for n in keep],
+                             None if plan.tasks is None else [plan.tasks[n] for n in keep])
+            engine.apply_reset(kept, [flags[n] for n in keep], {k: v[keep] for k, v in rows.items()})
+        self._rebuild_soon()
+        if failed:
+            raise next(iter(failed.values()))
+
+    def _tell(self, failed: list[tuple[int, SlotFailure]]) -> None:
+        """Send each ``(slot index, failure)`` to that slot's agent now."""
+        for i, failure in failed:
+            conn = self._sockets.get(i)
+            if conn is not None:
+                _fail(conn, failure)
+
+    def _rebuild_soon(self) -> None:
+        """Rebuild the envs that raised (on the main thread, in turn with resets and steps)."""
+        if self._rebuild_task is None or self._rebuild_task.done():
+            self._rebuild_task = asyncio.ensure_future(self._rebuild())
+
+    async def _rebuild(self) -> None:
+        async with self._sim_gate:
+            for i in self.engine.to_rebuild():
+                try:
+                    await self._sim_call(self.sim.rebuild_slot, i)
+                except Exception:  # noqa: BLE001 - the slot is retired; the others go on
+                    self.engine.rebuilt(i, traceback.format_exc())
+                else:
+                    self.engine.rebuilt(i, None)
+        async with self._slot_changed:
+            self._slot_changed.notify_all()  # claims waiting for a slot: one may be back in service
 
     def _owned(self, conn: Any, token: Any) -> Slot:
         try:
@@ -517,14 +585,18 @@ class BridgeServer:
 
     def _deliver(self, plan: Any, result: Any, error: BaseException | None) -> None:
         """A step's outcome to its slots: each one's observation frame, or the sim's failure."""
+        engine = self.engine
+        if error is None and result[2] and not engine.isolates:
+            error = RuntimeError("\n".join(result[2].values()))  # said it isolates slots, but cannot
         if error is not None:
             why = _explain("".join(traceback.format_exception(error)))
-            for i, failure in self.engine.step_failed(plan, why):
-                conn = self._sockets.get(i)
-                if conn is not None:
-                    _fail(conn, failure)
+            self._tell(engine.step_failed(plan, why))
             return
-        batch, obs = result
+        batch, obs, faults = result
+        if faults:  # only those slots' episodes fail; the others get their frames as usual
+            self._tell(engine.faulted([(s, token) for s, token, _ in plan.acting], faults, "step", faults.intact))
+            plan.acting = [entry for entry in plan.acting if entry[0].index not in faults]
+            self._rebuild_soon()
         # packed before the gate opens: ``obs`` may be the sim's own buffers, which its next call reuses
         sockets = self._sockets
         for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic(), rows_packer):
@@ -559,7 +631,7 @@ class BridgeServer:
     def _lane_readable(self, plan: Any, fd: int) -> None:
         asyncio.get_running_loop().remove_reader(fd)
         os.set_blocking(fd, True)  # uvloop's reader made it non-blocking; the pipe's reads and writes block
-        self._call(self._lane_done, plan, self.sim.lane_end, plan.lane)  # type: ignore[attr-defined]
+        self._call(self._lane_done, plan, _lane_end, self.sim, plan.lane)
 
     def _lane_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
         self._ticked_until = time.monotonic()
@@ -660,25 +732,51 @@ class _SimGate:
 
 
 # ----------------------------------------------------------- main-thread work
-def _reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None):
-    if tasks is not None:  # a multi-task sim takes each slot's task (and options) itself
-        flags = sim.reset_slots(idx, seeds, options, tasks=tasks)
-    elif len({json.dumps(o, sort_keys=True, default=str) for o in options}) > 1:
-        # options differ: one reset call per slot keeps each slot's options its own
-        flags = np.concatenate([sim.reset_slots([i], [s], [o]) for i, s, o in zip(idx, seeds, options)])
-    else:
-        flags = sim.reset_slots(idx, seeds, options)
-    return flags, {k: v[idx] for k, v in sim.observe().items()}  # fancy indexing copies the rows
+def _reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None, rebuild=()):
+    """Reset slots ``idx`` (after rebuilding the envs of ``rebuild``); returns their success flags
+    at reset, their observation rows, and ``{slot: traceback}`` for slots whose envs raised."""
+    faults = FaultLog()
+    for i in rebuild:
+        try:
+            sim.rebuild_slot(i)
+        except Exception:  # noqa: BLE001 - that slot's claim fails, the others reset
+            faults[i] = traceback.format_exc()
+    live = [n for n, i in enumerate(idx) if i not in faults]
+    flags = np.zeros(len(idx), bool)
+    if live:
+        idx_, seeds_, options_ = [idx[n] for n in live], [seeds[n] for n in live], [options[n] for n in live]
+        if tasks is not None:  # a multi-task sim takes each slot's task (and options) itself
+            got = faults.call(sim.reset_slots, idx_, seeds_, options_, tasks=[tasks[n] for n in live])
+        elif len({json.dumps(o, sort_keys=True, default=str) for o in options_}) > 1:
+            # options differ: one reset call per slot keeps each slot's options its own
+            got = np.concatenate([faults.call(sim.reset_slots, [i], [s], [o])
+                                  for i, s, o in zip(idx_, seeds_, options_)])
+        else:
+            got = faults.call(sim.reset_slots, idx_, seeds_, options_)
+        flags[live] = np.asarray(got, bool)
+    return flags, {k: v[idx] for k, v in sim.observe().items()}, faults  # fancy indexing copies the rows
 
 
 def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask: np.ndarray | None = None):
+    """Park finished slots, step (``mask``: only those slots), observe; slot faults ride along."""
+    faults = FaultLog()
     if park:
         if getattr(sim, "tasks", ()):  # a None task: the episode is over, idle until the next claim
-            sim.reset_slots(park, [None] * len(park), [None] * len(park), tasks=[None] * len(park))
+            faults.call(sim.reset_slots, park, [None] * len(park), [None] * len(park), tasks=[None] * len(park))
         else:
-            sim.reset_slots(park, [None] * len(park), [None] * len(park))
-    batch = sim.step(actions) if mask is None else sim.step_slots(actions, mask)  # mask: ready mode
-    return batch, sim.observe()
+            faults.call(sim.reset_slots, park, [None] * len(park), [None] * len(park))
+        if faults:  # a parked env that raised is not stepped: it is rebuilt
+            mask = np.ones(sim.width, bool) if mask is None else mask.copy()
+            mask[list(faults)] = False
+    batch = faults.call(sim.step, actions) if mask is None else faults.call(sim.step_slots, actions, mask)
+    return batch, sim.observe(), faults
+
+
+def _lane_end(sim: VectorSim, lane: int):
+    """A lane's step (:meth:`ProcessSim.lane_end`), its slot faults riding along."""
+    faults = FaultLog()
+    batch, obs = faults.call(sim.lane_end, lane)  # type: ignore[attr-defined]
+    return batch, obs, faults
 
 
 _OWN_LOOP = ("cannot be called from a running event loop", "This event loop is already running")

@@ -20,7 +20,7 @@ import numpy as np
 
 from .failures import SlotFailure
 
-__all__ = ["SlotState", "Slot"]
+__all__ = ["Slot", "SlotState"]
 
 
 class SlotState(enum.Enum):
@@ -60,6 +60,9 @@ class Slot:
     first_obs: dict[str, np.ndarray] | None = None
     deadline: float | None = None  # when a LIVE slot waiting for its agent's action is late
     awaiting: str = "first action"
+    # kept across episodes: faults of its env (sims that isolate slots) and why it is out of service
+    faults: int = 0
+    service: str | None = None  # None: in service; "rebuild": its env raised; "retired: ...": for good
 
     def clear_episode(self) -> None:
         self.task, self.seed, self.options, self.prompt = {}, None, None, None

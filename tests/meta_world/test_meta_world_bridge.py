@@ -19,7 +19,7 @@ pytest.importorskip("metaworld", reason='Meta-World is not installed: pip instal
 
 from conftest import run_threads, start_bridge, stop  # noqa: E402
 
-from pytest_hud.client import ControlClient, SlotClient  # noqa: E402
+from pytest_hud.client import BridgeError, ControlClient, SlotClient  # noqa: E402
 from pytest_hud.results import load_results  # noqa: E402
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -90,6 +90,29 @@ def test_slots_rendering_different_tasks_in_one_bridge_never_see_each_others_fra
         assert not np.array_equal(frames[0], frames[-1])  # the arm moved: frames are live, not stale
         firsts.append(frames[0])
     assert not np.array_equal(firsts[0], firsts[1]) and not np.array_equal(firsts[1], firsts[2])
+
+
+def test_meta_world_claims_are_checked_at_claim_time_and_a_seedless_one_is_a_new_recorded_variation(tmp_path):
+    build = {"tasks": ["reach-v3"]}
+    proc, address = start_bridge(tmp_path, f"{SIM}:meta_world", 1, "--build-args", json.dumps(build), timeout=180)
+    try:
+        with ControlClient(address) as control:
+            with pytest.raises(BridgeError, match=f"its seeds are 0 to {mw.MAX_SEED}; choose a seed in that range"):
+                control.reset(seed=mw.MAX_SEED + 1, task="reach-v3", build=build)
+            with pytest.raises(BridgeError, match=r"option\(s\) difficulty are not read by this sim \(it reads: none\)"):
+                control.reset(seed=1, task="reach-v3", options={"difficulty": 2}, build=build)
+            firsts = {}
+            for _ in range(3):  # without a seed: a drawn one each time, never the slot's last variation again
+                claim = control.reset(task="reach-v3", build=build)
+                with SlotClient(address, claim.token) as ws:
+                    firsts[claim.seed] = np.array(ws.first_observation["state"])
+                control.release(claim.token)
+    finally:
+        stop(proc)
+    assert len(firsts) == 3 and all(0 <= seed <= mw.MAX_SEED for seed in firsts)
+    assert len({state.tobytes() for state in firsts.values()}) == 3
+    for seed, state in firsts.items():  # each one rebuilt from its recorded seed alone
+        np.testing.assert_array_equal(mw.MetaWorldTask("reach-v3").reset(seed=seed)[0]["state"], state)
 
 
 SUITE = f'''

@@ -63,8 +63,55 @@ def test_a_seed_is_its_documented_variation():
     np.testing.assert_array_equal(pickle.loads(mw.variation(task, 57).data)["rand_vec"], expected)  # 57 = 50 + 7
     first = {mw.MetaWorldTask(task).reset(seed=s)[0]["state"].tobytes() for s in (0, 1, 50)}
     assert len(first) == 3  # different seeds, different scenes
-    with pytest.raises(ValueError, match="non-negative integer"):
+    with pytest.raises(ValueError, match=f"an integer from 0 to {mw.MAX_SEED}"):
         mw.variation(task, -1)
+
+
+def test_the_largest_seed_is_declared_and_is_the_last_one_mt1_can_make():
+    assert mw.MAX_SEED == 50 * 2**32 - 1
+    assert mw.MetaWorldTask.hud_claims.max_seed == mw.MAX_SEED and mw.MetaWorldTask.hud_claims.options == ()
+    assert mw.meta_world(1, tasks=["reach-v3"]).claim_rules == mw.MetaWorldTask.hud_claims  # multi-task too
+    last = metaworld.MT1("reach-v3", seed=2**32 - 1).train_tasks[49]
+    assert mw.variation("reach-v3", mw.MAX_SEED).data == last.data
+    with pytest.raises(ValueError, match=r"Seed must be between 0 and 2\*\*32 - 1"):  # MT1 one block further
+        metaworld.MT1("reach-v3", seed=2**32)
+    with pytest.raises(ValueError, match=f"an integer from 0 to {mw.MAX_SEED}, got {mw.MAX_SEED + 1}"):
+        mw.variation("reach-v3", mw.MAX_SEED + 1)
+
+
+def test_the_documented_render_recipe_reproduces_the_sims_frames_bit_for_bit():
+    """Meta-World and MuJoCo alone, following the module's docstring step by step."""
+    import mujoco
+    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+
+    task, seed, action = "push-v3", 57, np.array([0.3, -0.2, 0.1, 0.5], np.float32)
+    ours = mw.MetaWorldTask(task, pixels=True)
+    try:
+        want = [ours.reset(seed=seed)[0]["pixels"], ours.step(action)[0]["pixels"]]
+    finally:
+        ours.close()
+    env = ALL_V3_ENVIRONMENTS[task](render_mode="rgb_array", camera_name="corner2", width=128, height=128)
+    try:
+        env.model.vis.quality.offsamples = 0  # 2. before the offscreen context exists
+        viewer = env.mujoco_renderer._get_viewer("rgb_array")
+        viewer.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0  # 3.
+        viewer.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        camera = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_CAMERA, "corner2")
+
+        def frame():  # 4. and 5.
+            viewer.make_context_current()
+            return np.ascontiguousarray(viewer.render("rgb_array", camera_id=camera)[::-1, ::-1])
+
+        env.set_task(metaworld.MT1(task, seed=seed // 50).train_tasks[seed % 50])
+        env.reset()
+        got = [frame()]
+        env.step(action)
+        got.append(frame())
+    finally:
+        env.close()
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == np.uint8 and a.shape == (128, 128, 3)
+        assert np.array_equal(a, b), f"frame {step} differs from the sim's"
 
 
 def test_same_seed_same_episode_in_a_fresh_env_and_after_other_episodes():

@@ -12,9 +12,19 @@ import pytest
 from pytest_hud.contract import Contract, Feature
 from pytest_hud.sim.base import StepBatch
 from pytest_hud.sim.engine import BridgeEngine, ResetPlan, TickPlan, Timeouts, resolve_tick
-from pytest_hud.sim.failures import (ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout,
-                                     EpisodeOver, NoFirstObservation, SimFailed, SlotError, SlotReleased,
-                                     TaskError)
+from pytest_hud.sim.failures import (
+    ActionTimeout,
+    BadAction,
+    BadClaim,
+    BridgeBroken,
+    ClaimTimeout,
+    EpisodeOver,
+    NoFirstObservation,
+    SimFailed,
+    SlotError,
+    SlotReleased,
+    TaskError,
+)
 from pytest_hud.sim.server import close_code
 from pytest_hud.sim.slots import Slot, SlotState
 
@@ -328,8 +338,8 @@ def test_a_sim_exception_at_reset_fails_the_slot_being_bound():
     engine, _ = make(1)
     slot = engine.claim(1, {"seed": 1})
     engine.bind(engine.open(0.0), {"claim": slot.token})
-    failure = engine.reset_failed(engine.plan_reset([slot]), "Traceback\nValueError: bad seed")
-    assert str(failure) == "sim raised during reset: ValueError: bad seed"
+    failure, ended = engine.reset_failed(engine.plan_reset([slot]), "Traceback\nValueError: bad seed")
+    assert str(failure) == "sim raised during reset: ValueError: bad seed" and ended == []
     assert slot.state is SlotState.DONE and slot.error == str(failure)
 
 
@@ -736,3 +746,94 @@ def test_a_step_in_flight_when_its_slot_is_released_does_not_leak_into_the_next_
     new = engine.claim(2, {"seed": 4})
     assert engine.apply_batch(plan, *sim.step(plan), now=0.0) == []
     assert new.steps == 0 and new.total_reward == 0.0 and new.state is SlotState.CLAIMED
+
+
+# ------------------------------------------------------------ slot faults
+def test_a_reset_that_breaks_a_natively_batched_sim_fails_every_live_episode_at_once():
+    engine, sim = make(3)
+    running = live_slot(engine, sim, seed=5)
+    act(engine, running)  # waiting for the lockstep tick, which can never come now
+    claimed = engine.claim(2, {"seed": 13})
+    engine.bind(engine.open(0.0), {"claim": claimed.token})
+    failure, ended = engine.reset_failed(engine.plan_reset([claimed]), "Traceback\nValueError: seed 13")
+    assert claimed.error == str(failure)
+    assert [i for i, _ in ended] == [running.index] and running.state is SlotState.DONE
+    told = ended[0][1]
+    assert isinstance(told, BridgeBroken)
+    assert str(told).startswith(f"slot {running.index}: bridge broken by slot {claimed.index}'s reset: "
+                                "ValueError: seed 13")
+    assert engine.plan_tick(now=1.0) is None and not engine.can_claim() or engine.broken
+
+
+def test_an_isolated_slots_fault_fails_its_episode_only_and_the_slot_is_rebuilt_before_its_next_claim():
+    engine, sim = make(3, isolates=True)
+    a, b = live_slot(engine, sim, seed=5), live_slot(engine, sim, seed=6, owner=2)
+    act(engine, a, b)
+    plan = engine.plan_tick(now=0.0)
+    failed = dict(engine.faulted([(s, t) for s, t, _ in plan.acting], {a.index: "Traceback\nKeyError: 'x'"},
+                                 "step"))
+    assert list(failed) == [a.index] and isinstance(failed[a.index], SimFailed)
+    assert str(failed[a.index]).startswith(f"slot {a.index}'s env raised during step: KeyError: 'x'")
+    assert a.state is SlotState.DONE and b.state is SlotState.LIVE and not engine.broken
+    plan.acting = [e for e in plan.acting if e[0] is not a]
+    frames = dict(engine.apply_batch(plan, *sim.step(plan), now=0.0))
+    assert list(frames) == [b.index] and b.steps == 1 and a.steps == 0
+    engine.release(a, "graded")
+    assert engine.to_rebuild() == [a.index]
+    assert engine.claim(3, {"seed": 1}).index != a.index  # never lands on a slot being rebuilt
+    engine.rebuilt(a.index, None)
+    assert a.service is None and engine.to_rebuild() == []
+
+
+def test_a_lockstep_tick_does_not_step_or_park_a_slot_out_of_service():
+    engine, sim = make(3, isolates=True)
+    a = live_slot(engine, sim, seed=5)
+    engine.faulted([], {2: "Traceback\nRuntimeError: hold step"}, "step")  # a free slot's hold step raised
+    act(engine, a)
+    plan = engine.plan_tick(now=0.0)
+    assert plan.mask is not None and plan.mask.tolist() == [True, True, False] and 2 not in plan.park
+
+
+def test_a_slot_is_retired_after_repeated_faults_or_a_failed_rebuild_and_the_last_one_breaks_the_bridge():
+    engine, _ = make(2, isolates=True, max_faults=2)
+    engine.faulted([], {0: "Traceback\nValueError: one"}, "reset")
+    engine.rebuilt(0, None)
+    engine.faulted([], {0: "Traceback\nValueError: two"}, "reset")
+    assert engine.slots[0].service.startswith("retired: its env raised 2 times (last: ValueError: two)")
+    assert engine.in_service == 1 and engine.to_rebuild() == []
+    assert engine.notes == ["slot 0 retired: its env raised 2 times (last: ValueError: two); "
+                            "the bridge runs on 1 of 2 slots"]
+    assert [engine.claim(1, {}).index for _ in range(1)] == [1] and not engine.can_claim()
+    engine.faulted([], {1: "Traceback\nOSError: gone"}, "step")
+    engine.rebuilt(1, "Traceback\nOSError: cannot build")
+    assert engine.broken and "every slot of this bridge was retired" in engine.broken
+
+
+# ------------------------------------------------------------ claim rules
+def test_claims_outside_the_sims_declared_rules_are_refused_before_any_env_is_touched():
+    from pytest_hud.sim.claims import ClaimRules
+
+    engine, _ = make(1, claims=ClaimRules(max_seed=99, options=("difficulty",)))
+    assert engine.check_task({"seed": 99})["seed"] == 99
+    with pytest.raises(TaskError, match="seed 100 is out of this sim's range: its seeds are 0 to 99"):
+        engine.check_task({"seed": 100})
+    with pytest.raises(TaskError, match=r"option\(s\) colour are not read by this sim \(it reads: difficulty\)"):
+        engine.check_task({"seed": 1, "options": {"colour": 1, "difficulty": 2}})
+    batched, _ = make(2, claims=ClaimRules(seeded=False))
+    with pytest.raises(TaskError, match="takes one seed for all its slots"):
+        batched.check_task({"seed": 3})
+    assert batched.check_task({})["seed"] is None  # no seed of its own to draw
+
+
+def test_a_claim_without_a_seed_gets_one_drawn_within_the_sims_range():
+    import random
+
+    from pytest_hud.sim.claims import ClaimRules
+
+    engine, _ = make(1, claims=ClaimRules(max_seed=9), rng=random.Random(0))
+    seeds = {engine.check_task({})["seed"] for _ in range(200)}
+    assert seeds == set(range(10))
+    free, _ = make(1, rng=random.Random(1))
+    drawn = free.check_task({"options": None})["seed"]
+    assert isinstance(drawn, int) and 0 <= drawn < 2**32
+    assert free.claim(1, free.check_task({})).seed is not None

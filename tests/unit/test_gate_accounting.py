@@ -11,7 +11,6 @@ from pytest_hud.controller import results_paths
 from pytest_hud.gate import (
     SEQUENTIAL_SKIP,
     GateConfig,
-    TaskOutcomes,
     evaluate_gate,
     gate_passed,
     load_gate_file,

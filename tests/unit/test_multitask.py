@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from pytest_hud.contract import Contract, ContractError, Feature
+from pytest_hud.contract import Contract, Feature
+from pytest_hud.sim.base import SlotFaults
 from pytest_hud.sim.engine import BridgeEngine
 from pytest_hud.sim.failures import TaskError
 from pytest_hud.sim.multitask import MultiTaskSim
@@ -150,9 +151,12 @@ def test_a_task_with_another_contract_is_refused_with_both_sides():
         def _obs(self):
             return np.zeros(3, np.float32)
 
-    sim = MultiTaskSim(1, TASKS, lambda task: Wider(task) if task == "pick" else Counter(task))
-    with pytest.raises(ContractError, match="task 'pick' does not share the contract of task 'reach'"):
-        sim.reset_slots([0], [0], [None], tasks=["pick"])
+    sim = MultiTaskSim(2, TASKS, lambda task: Wider(task) if task == "pick" else Counter(task))
+    with pytest.raises(SlotFaults) as refused:  # the claim of that task fails; the other slot resets
+        sim.reset_slots([0, 1], [0, 0], [None, None], tasks=["pick", "reach"])
+    assert list(refused.value.faults) == [0] and refused.value.intact == {0}
+    assert "ContractError: task 'pick' does not share the contract of task 'reach'" in refused.value.faults[0]
+    assert refused.value.result.tolist() == [False, False] and sim._active.tolist() == [False, True]
 
 
 def test_bad_task_lists_are_refused():
