@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # the same as bridges, so raw and bridge render alike
 sys.path.insert(0, str(ROOT))
 
-from pytest_hud.client import AsyncControlClient, AsyncSlotClient, BridgeAddress  # noqa: E402
+from pytest_hud.client.bridge import AsyncControlClient, AsyncSlotClient, BridgeAddress  # noqa: E402
 from pytest_hud.sim.target import load_sim  # noqa: E402
 
 PIXEL_TARGET = f"{ROOT / 'benchmarks' / 'pixel_env.py'}:make"
@@ -118,8 +118,8 @@ def bridge_rate(target: str, width: int, ticks: int, workdir: str, code_root: Pa
 
 def codec_cost(target: str) -> str:
     """One slot's observation frame: its size, and what packing + unpacking it costs here."""
-    from pytest_hud.sim.engine import _frame
-    from pytest_hud.wire import packb, unpackb
+    from pytest_hud.bridge.engine import _frame
+    from pytest_hud.wire.codec import packb, unpackb
 
     sim = load_sim(target, 1)
     obs = {k: v[0] for k, v in sim.observe().items()}

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "evals" / "policies"))
 
 from meta_world_experts import ScriptedExpert  # noqa: E402
 
-from pytest_hud.client import BridgeAddress, ControlClient, SlotClient  # noqa: E402
+from pytest_hud.client.bridge import BridgeAddress, ControlClient, SlotClient  # noqa: E402
 
 SIM = ROOT / "evals" / "sims" / "meta_world.py"
 MT10 = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",

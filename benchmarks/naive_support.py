@@ -7,7 +7,7 @@ from typing import Any
 import gymnasium as gym
 
 from pytest_hud.agent.model import load_policy
-from pytest_hud.contract import derive_contract
+from pytest_hud.core.contract import derive_contract
 from pytest_hud.sim.target import resolve_factory
 
 

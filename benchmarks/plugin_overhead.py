@@ -113,7 +113,7 @@ def main() -> None:
         hud_s = timed(base + extra + [f"--hud-width={w}", f"--hud-results={results}",
                               str(EVALS / f"test_{args.suite}.py")], ROOT)
         naive_s = timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp)
-        from pytest_hud.results import load_results
+        from pytest_hud.core.results import load_results
 
         episodes = load_results(results).episodes
     env_s, pol_s = in_process(sim, policy, n)

@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
 
-from pytest_hud.client import AsyncControlClient, AsyncSlotClient, BridgeAddress  # noqa: E402
-from pytest_hud.pool import BridgeSpec, SimPool  # noqa: E402
-from pytest_hud.ray_launcher import RayLauncher  # noqa: E402
+from pytest_hud.client.bridge import AsyncControlClient, AsyncSlotClient, BridgeAddress  # noqa: E402
+from pytest_hud.controller.pool import BridgeSpec, SimPool  # noqa: E402
+from pytest_hud.launch.ray import RayLauncher  # noqa: E402
 
 TARGET = f"{ROOT / 'tests' / 'cluster' / 'sleepy.py'}:make"
 

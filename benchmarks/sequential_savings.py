@@ -28,11 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from pytest_hud.stats import (  # noqa: E402
-    episodes_needed,
-    mcnemar_exact_one_sided,
-    sequential_log_evalues,
-)
+from pytest_hud.stats import episodes_needed, mcnemar_exact_one_sided, sequential_log_evalues
 
 ALPHA, BETA, BASE, DETECT = 0.05, 0.2, 0.9, 0.10
 

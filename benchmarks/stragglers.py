@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_hud.client import BridgeAddress, ControlClient, SlotClient  # noqa: E402
+from pytest_hud.client.bridge import BridgeAddress, ControlClient, SlotClient  # noqa: E402
 
 TARGET = "Pendulum-v1"  # 200-step episodes, never terminated early: claims are rare, steps dominate
 

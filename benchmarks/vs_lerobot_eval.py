@@ -101,7 +101,7 @@ def load_maker():
 
 
 WARM = ("import torch, lerobot.configs.policies, lerobot.policies.factory, lerobot.envs.utils, gym_pusht, "
-        "pytest, xdist.plugin, pytest_hud.plugin, pytest_hud.agent.server")
+        "pytest, xdist.plugin, pytest_hud.plugin, pytest_hud.serving.server")
 
 
 def run_timed(command: list[str], env: dict[str, str], log: Path, python: Path) -> tuple[float, int]:

@@ -44,9 +44,9 @@ def worker(announce: str, episodes: int, video_dir: str, transport: str = "any")
     import numpy as np
 
     from pytest_hud.agent import Agent
-    from pytest_hud.bridge_protocol import action_frame
-    from pytest_hud.client import BridgeAddress, ControlClient
-    from pytest_hud.episode import Episode
+    from pytest_hud.client.protocol import action_frame
+    from pytest_hud.client.bridge import BridgeAddress, ControlClient
+    from pytest_hud.client.episode import Episode
 
     import dataclasses
 
@@ -73,7 +73,7 @@ def worker(announce: str, episodes: int, video_dir: str, transport: str = "any")
     try:
         import av  # noqa: F401 - a pytest run opens the video recorder by default when PyAV is here
 
-        from pytest_hud.report.video import VideoRecorder
+        from pytest_hud.recording.video import VideoRecorder
 
         observers.append(VideoRecorder(video_dir, "failed"))
     except ImportError:
@@ -101,7 +101,7 @@ def _observation_bytes(contract) -> int:
     """The size of one observation frame of this contract's arrays (what the bridge sends a step)."""
     import numpy as np
 
-    from pytest_hud.wire import pack_frame
+    from pytest_hud.wire.codec import pack_frame
 
     features = {name: np.zeros(f.shape, f.dtype) for name, f in contract.observation_features.items()}
     return len(pack_frame(features, 0.0, False, False, False))

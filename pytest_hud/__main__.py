@@ -17,7 +17,7 @@ inconclusive too with ``--strict``), or 4 (pytest's usage error) when a file is 
 pytest-hud results file, a shard's, an incomplete baseline, or an option is invalid.
 
 ``merge`` combines the results files of the shards of one suite (``pytest --hud-shard I/N``) into
-one results file (rules in :mod:`pytest_hud.merge`). Exit status: 0 merged; 1 a shard or an
+one results file (rules in :mod:`pytest_hud.controller.merge`). Exit status: 0 merged; 1 a shard or an
 episode is missing, or one episode has different results in two files (nothing is written unless
 ``--allow-missing`` / ``--allow-conflicts`` accept that); 4 a file is unreadable or not a shard's,
 the files are of different suites, shard counts or policies, or the options are wrong.
@@ -34,10 +34,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from .gate import GateConfig, Verdict, evaluate_gate, gate_passed
-from .gate import outcomes_from_results as task_outcomes
-from .report.table import gate_verdicts
-from .results import Results, gate_input_problem, load_results
+from pytest_hud.gate import GateConfig, Verdict, evaluate_gate, gate_passed
+from pytest_hud.gate import outcomes_from_results as task_outcomes
+from pytest_hud.report.table import gate_verdicts
+from pytest_hud.core.results import Results, gate_input_problem, load_results
 
 __all__ = ["main", "task_outcomes"]
 
@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _text_report(results: Results, verdicts: Mapping[str, Any] | None, baseline: Results | None,
                  width: int, gate: list[Verdict] | None = None, strict: bool = False) -> list[str]:
-    from .report.table import gate_lines, summary_lines, verdict_dict
+    from pytest_hud.report.table import gate_lines, summary_lines, verdict_dict
 
     lines = [f"results: {results.path}" + ("" if results.complete else " (incomplete)")]
     if baseline is not None:
@@ -170,7 +170,7 @@ def report(args: argparse.Namespace) -> int:
         verdicts = {v.task: v for v in gate}
 
     if args.markdown:
-        from .report.markdown import comparison_markdown, summary_markdown
+        from pytest_hud.report.markdown import comparison_markdown, summary_markdown
 
         summary = results.summary or {}
         if baseline is None:
@@ -183,7 +183,7 @@ def report(args: argparse.Namespace) -> int:
         print("\n".join(_text_report(results, verdicts, baseline, width, gate, args.strict)))
 
     if args.html:
-        from .report.html import write_standalone_page
+        from pytest_hud.report.html import write_standalone_page
 
         path = write_standalone_page(args.html, results, verdicts=verdicts,
                                      self_contained=args.self_contained)
@@ -207,9 +207,9 @@ def _gate_config(args: argparse.Namespace, results: Results) -> GateConfig:
     """The gate file, then the options, as ``--hud-gate`` and the ``--hud-*`` options combine."""
     from pathlib import Path
 
-    from .gate import floors_problem
-    from .inputs import gate_config
-    from .settings import SettingsError
+    from pytest_hud.gate import floors_problem
+    from pytest_hud.controller.inputs import gate_config
+    from pytest_hud.core.settings import SettingsError
 
     accept = [part.strip() for value in args.accept for part in value.split(",") if part.strip()]
     try:
@@ -232,7 +232,7 @@ def merge(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from .merge import MergeError, merge_shards
+    from pytest_hud.controller.merge import MergeError, merge_shards
 
     output = Path(args.output)
     for path in args.shards:

@@ -80,7 +80,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from . import stats
+from pytest_hud import stats
 
 __all__ = [
     "COMPARED",
@@ -894,7 +894,7 @@ def _canonical(value: Any) -> str:
 
 
 def outcomes_from_results(results: Any, *, as_baseline: bool = False) -> dict[str, TaskOutcomes]:
-    """The gate's view of a loaded results file (a :class:`pytest_hud.results.Results`).
+    """The gate's view of a loaded results file (a :class:`pytest_hud.core.results.Results`).
 
     Its header's declared episodes are what the run meant to run, so an incomplete file (a killed
     run) still counts every episode it did not finish. As a baseline (``as_baseline``) an

@@ -3,19 +3,19 @@
 This module is the hook wiring only; the logic lives in modules cut by role (``docs/architecture.md``):
 
 - the **controller** (the xdist controller, or the only process under ``-n 0``):
-  :class:`~pytest_hud.controller.HudController`, created here once the run uses pytest-hud and
+  :class:`~pytest_hud.controller.hooks.HudController`, created here once the run uses pytest-hud and
   stopped in ``pytest_unconfigure``;
-- each **worker** (or the same process under ``-n 0``): a :class:`~pytest_hud.session.HudSession`
-  and the runtest hooks of :mod:`pytest_hud.worker`;
-- the settings: one :class:`~pytest_hud.settings.HudSettings`, built from the command line and the
-  ini file, checked and loaded with its input files (:mod:`pytest_hud.inputs`) before anything is
+- each **worker** (or the same process under ``-n 0``): a :class:`~pytest_hud.worker.session.HudSession`
+  and the runtest hooks of :mod:`pytest_hud.worker.hooks`;
+- the settings: one :class:`~pytest_hud.core.settings.HudSettings`, built from the command line and the
+  ini file, checked and loaded with its input files (:mod:`pytest_hud.controller.inputs`) before anything is
   created.
 
 The plugin stays out of runs that don't use it (as junitxml does without ``--junitxml``): the
 controller, its pool service, its threads and the runtest hooks exist only once a hud option or ini
 key is set (decided in ``pytest_configure``), or else a collected test uses ``shared_sim``,
 ``robot_agent`` or the ``hud`` marker (decided after collection: :class:`LazyLocal`, or with xdist
-:class:`LazyXdist` and :class:`~pytest_hud.worker.LazyWorker`).
+:class:`LazyXdist` and :class:`~pytest_hud.worker.hooks.LazyWorker`).
 """
 
 from __future__ import annotations
@@ -28,23 +28,28 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .fixtures import robot_agent, shared_sim  # noqa: F401 - the plugin's fixtures
-from .keys import CONTROLLER_KEY, SESSION_KEY, worker_session
-from .settings import OPTIONS, HudSettings, SettingsError, flag
-from .worker import LazyWorker, declare_episodes, note_deselected, start_worker, uses_hud
+from pytest_hud.worker.fixtures import robot_agent, shared_sim  # noqa: F401 - the plugin's fixtures
+from pytest_hud.worker.keys import SESSION_KEY, worker_session
+from pytest_hud.core.settings import OPTIONS, HudSettings, SettingsError, flag
+from pytest_hud.worker.hooks import (
+    LazyWorker, declare_episodes, note_deselected, start_worker, uses_hud,
+)
 
 if TYPE_CHECKING:
-    from .controller import HudController
-    from .inputs import RunInputs
+    from pytest_hud.controller.hooks import HudController
+    from pytest_hud.controller.inputs import RunInputs
 
 __all__ = ["CONTROLLER_KEY", "HudController", "worker_session"]
+
+#: The run's controller, in the config's stash of the controlling process.
+CONTROLLER_KEY = pytest.StashKey["HudController"]()
 
 
 def __getattr__(name: str) -> Any:
     """``HudController`` on first use: pytest imports this module in every process where pytest-hud is
     installed, and a run that never uses it should not pay for the controller's imports."""
     if name == "HudController":
-        from .controller import HudController
+        from pytest_hud.controller.hooks import HudController
 
         return HudController
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -102,7 +107,7 @@ def build_settings(config: pytest.Config) -> HudSettings:
 
 def load_settings(config: pytest.Config, settings: HudSettings | None = None) -> tuple[HudSettings, RunInputs]:
     """The run's settings and inputs, checked and loaded; a bad one is a usage error. No side effects."""
-    from .inputs import load_inputs
+    from pytest_hud.controller.inputs import load_inputs
 
     settings = settings or build_settings(config)
     cli, ini = _raw_options(config)
@@ -165,8 +170,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _activate(config: pytest.Config, settings: HudSettings, inputs: RunInputs,
               xdist_hooks: bool = True, secret: str | None = None) -> HudController:
     """Create the controller (and, without xdist, this process's worker session); register hooks."""
-    from .controller import HudController
-    from .report.junit import JunitErrors
+    from pytest_hud.controller.hooks import HudController
+    from pytest_hud.report.junit import JunitErrors
 
     controller = HudController(config, settings, inputs, secret=secret)
     config.stash[CONTROLLER_KEY] = controller
@@ -178,7 +183,7 @@ def _activate(config: pytest.Config, settings: HudSettings, inputs: RunInputs,
     plugins = config.pluginmanager
     html_loaded = plugins.hasplugin("html") or plugins.hasplugin("pytest_html.plugin")
     if html_loaded and getattr(config.option, "htmlpath", None):
-        from .report.pytest_html import HtmlReportHooks
+        from pytest_hud.report.pytest_html import HtmlReportHooks
 
         html = HtmlReportHooks(config, controller.html_summary)
         config.pluginmanager.register(html, "hud-html")

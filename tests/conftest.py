@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hud.client import BridgeAddress
+from pytest_hud.client.bridge import BridgeAddress
 
 # pytester's fixture restores ``sys.modules`` after each test that uses it, dropping every module
 # first imported during that test. LeRobot's dataset code imports pandas' arrow extension types

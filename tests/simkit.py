@@ -6,7 +6,7 @@ import numpy as np
 import gymnasium as gym
 from gymnasium import spaces
 
-from pytest_hud.contract import Contract, Feature
+from pytest_hud.core.contract import Contract, Feature
 from pytest_hud.sim import StepBatch, VectorSim
 
 

@@ -19,15 +19,10 @@ import pytest
 
 from conftest import SIMKIT, run_threads
 from pytest_hud.agent import Agent
-from pytest_hud.client import (
-    AsyncControlClient,
-    AsyncSlotClient,
-    BridgeAddress,
-    BridgeError,
-    ControlClient,
-    SlotClient,
+from pytest_hud.client.bridge import (
+    AsyncControlClient, AsyncSlotClient, BridgeAddress, BridgeError, ControlClient, SlotClient,
 )
-from pytest_hud.episode import Episode
+from pytest_hud.client.episode import Episode
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -538,7 +533,7 @@ def test_the_bridge_exits_when_its_parent_dies(tmp_path):
 
 def test_a_saved_contract_is_validated_at_start_and_its_names_are_served(bridge, tmp_path):
 
-    from pytest_hud.contract import Contract
+    from pytest_hud.core.contract import Contract
 
     saved = tmp_path / "contract.json"
     address = bridge("Pendulum-v1", 1, "--save-contract", str(saved))
@@ -676,7 +671,7 @@ def test_the_bridge_serves_the_same_episode_on_asyncio_and_on_uvloop(bridge, mon
 def test_an_action_sent_before_the_last_observation_fails_that_slot_readably(bridge):
     from websockets.sync.client import connect
 
-    from pytest_hud.wire import packb, unpackb
+    from pytest_hud.wire.codec import packb, unpackb
 
     address = bridge(COUNTER, 2)
     with ControlClient(address) as control:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import SIMKIT, run_threads
-from pytest_hud.client import BridgeError, ControlClient, SlotClient
+from pytest_hud.client.bridge import BridgeError, ControlClient, SlotClient
 from simkit import FaultyEnv
 
 pytestmark = pytest.mark.timeout(120)

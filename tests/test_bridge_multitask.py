@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import SIMKIT, run_threads
 
-from pytest_hud.client import BridgeError, ControlClient, SlotClient
+from pytest_hud.client.bridge import BridgeError, ControlClient, SlotClient
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hud.results import EpisodeRecord, ResultsWriter, aggregate
+from pytest_hud.core.results import EpisodeRecord, ResultsWriter, aggregate
 
 TASK = "evals/test_cartpole.py::test_balance"
 OTHER = "evals/test_pendulum.py::test_swing_up"

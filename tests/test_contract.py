@@ -4,7 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from pytest_hud.contract import Contract, ContractError, derive_contract
+from pytest_hud.core.contract import Contract, ContractError, derive_contract
 
 from simkit import image_state
 
@@ -39,7 +39,7 @@ def test_discrete_action_space_and_control_rate_override():
 
 def test_multi_discrete_and_multi_binary_actions():
     from gymnasium import spaces
-    from pytest_hud.contract import action_feature
+    from pytest_hud.core.contract import action_feature
 
     md = action_feature(spaces.MultiDiscrete([3, 4]))
     assert md.type == "multi_discrete" and md.high == [2.0, 3.0]

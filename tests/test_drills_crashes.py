@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SIMKIT
-from pytest_hud.client import BridgeAddress, BridgeError, ControlClient
-from pytest_hud.results import load_results
+from pytest_hud.client.bridge import BridgeAddress, BridgeError, ControlClient
+from pytest_hud.core.results import load_results
 
 LENGTH = 40  # steps per CounterSim episode
 
@@ -100,7 +100,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_hud.client import SlotClient
+from pytest_hud.client.bridge import SlotClient
 
 KILL_AT = {{100: 0, 101: 3, 102: 20}}  # seed -> the step at which the worker kills itself
 
@@ -186,7 +186,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_hud.client import SlotClient
+from pytest_hud.client.bridge import SlotClient
 
 @pytest.mark.hud(sim="sims:exploding")
 @pytest.mark.parametrize("seed", range(8))

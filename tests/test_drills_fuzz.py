@@ -36,9 +36,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from conftest import SIMKIT, start_bridge
-from pytest_hud.client import BridgeAddress, BridgeError, ControlClient, SlotClient
-from pytest_hud.contract import Contract
-from pytest_hud.wire import MAX_FRAME_BYTES, WireError, packb, unpackb
+from pytest_hud.client.bridge import BridgeAddress, BridgeError, ControlClient, SlotClient
+from pytest_hud.core.contract import Contract
+from pytest_hud.wire.codec import MAX_FRAME_BYTES, WireError, packb, unpackb
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -911,7 +911,7 @@ def _listening(pid: int) -> list[tuple[str, int]]:
 
 
 def test_bridges_and_the_pool_listen_on_loopback_only_by_default(tmp_path):
-    from pytest_hud.pool import BridgeSpec, PoolService, SimPool
+    from pytest_hud.controller.pool import BridgeSpec, PoolService, SimPool
 
     process, address = start_bridge(tmp_path, f"{SIMKIT}:counter", 1)
     try:

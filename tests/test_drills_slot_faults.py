@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SIMKIT
-from pytest_hud.results import load_results
+from pytest_hud.core.results import load_results
 from simkit import FaultyEnv
 
 pytestmark = pytest.mark.timeout(200)

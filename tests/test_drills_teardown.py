@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from conftest import SIMKIT
-from pytest_hud.results import EpisodeRecord, ResultsWriter, load_results
+from pytest_hud.core.results import EpisodeRecord, ResultsWriter, load_results
 
 LENGTH = 40
 SIMS = f'''

@@ -7,15 +7,8 @@ import json
 import pytest
 
 from pytest_hud.gate import (
-    GateConfig,
-    TaskOutcomes,
-    Verdict,
-    evaluate_gate,
-    floor_for,
-    gate_passed,
-    load_gate_file,
-    nothing_compared,
-    outcomes_from_records,
+    GateConfig, TaskOutcomes, Verdict, evaluate_gate, floor_for, gate_passed, load_gate_file,
+    nothing_compared, outcomes_from_records,
 )
 from pytest_hud.stats import boschloo_exact_one_sided, unpaired_power
 

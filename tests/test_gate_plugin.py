@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pytest_hud.results import load_results
+from pytest_hud.core.results import load_results
 from test_plugin import INI, SIMS
 
 pytestmark = pytest.mark.timeout(240)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hud.results import load_results
+from pytest_hud.core.results import load_results
 from test_gate_plugin import POLICIES, SUITE
 from test_plugin import INI, SIMS
 

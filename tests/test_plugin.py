@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pytest_hud.results import load_results
+from pytest_hud.core.results import load_results
 from pytest_hud.sim.threads import default_threads
 
 pytestmark = pytest.mark.timeout(240)

@@ -26,7 +26,7 @@ def snapshot(where):
     listening = [c.laddr.port for c in me.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     children = [" ".join(p.cmdline()) for p in me.children(recursive=True)]
     import sys
-    heavy = ("pytest_hud.controller", "pytest_hud.session", "pytest_hud.client", "pytest_hud.inputs", "numpy")
+    heavy = ("pytest_hud.controller.hooks", "pytest_hud.worker.session", "pytest_hud.client.bridge", "pytest_hud.controller.inputs", "numpy")
     return {"where": where, "threads": sorted(t.name for t in threading.enumerate()),
             "hud_modules": [m for m in heavy if m in sys.modules],
             "listening": listening, "hud_children": [c for c in children if "pytest_hud" in c],
@@ -198,7 +198,7 @@ def test_a_second_episode_or_one_outside_the_test_is_refused_never_dropped(pytes
         "*test_two.py::test_two already ran an episode (seed=1): one test is one episode*parametrize*",
         "*an episode was claimed outside a test function (in a fixture or a hook?)*",
     ])
-    from pytest_hud.results import load_results
+    from pytest_hud.core.results import load_results
 
     records = {r.nodeid.split("::")[-1]: r for r in load_results(pytester.path / "r.jsonl").episodes}
     assert records["test_one"].outcome == "passed" and records["test_one"].seed == 5

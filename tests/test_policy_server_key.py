@@ -20,7 +20,7 @@ from websockets.exceptions import InvalidStatus
 from conftest import stop
 from policykit import expected_chunk, start_server
 from pytest_hud.agent.remote import API_KEY_ENV, RemotePolicy, RemotePolicyError
-from pytest_hud.agent.server import PolicyServer, is_loopback
+from pytest_hud.serving.server import PolicyServer, is_loopback
 from test_policy_server import ECHO, openpi_pack, openpi_unpack
 
 pytestmark = pytest.mark.timeout(90)
@@ -50,7 +50,7 @@ def state_of(n: int) -> np.ndarray:
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", ""])
 def test_a_server_bound_beyond_loopback_without_a_key_refuses_to_start(tmp_path, host):
     done = subprocess.run(
-        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", ECHO, "--port", "0", "--host", host],
+        [sys.executable, "-m", "pytest_hud.serving.server", "--policy", ECHO, "--port", "0", "--host", host],
         cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2

@@ -19,9 +19,9 @@ import pytest
 from conftest import stop
 from policykit import serve_waiting, wait_for
 from pytest_hud.agent.remote import RemotePolicy
-from pytest_hud.contract import derive_contract
-from pytest_hud.launcher import StaticLauncher
-from pytest_hud.pool import BridgeSpec, SimPool
+from pytest_hud.core.contract import derive_contract
+from pytest_hud.launch.launcher import StaticLauncher
+from pytest_hud.controller.pool import BridgeSpec, SimPool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,7 +72,7 @@ def test_a_waiting_server_announces_only_once_its_contract_arrives_and_loads_for
 
 
 def test_contract_wait_and_contract_are_exclusive_and_a_bad_contract_is_reported(tmp_path, spec):
-    done = subprocess.run([sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
+    done = subprocess.run([sys.executable, "-m", "pytest_hud.serving.server", "--policy", spec, "--port", "0",
                            "--contract", "a.json", "--contract-wait", "b.json"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
@@ -86,7 +86,7 @@ def test_contract_wait_and_contract_are_exclusive_and_a_bad_contract_is_reported
 
 
 def test_a_waiting_server_exits_when_its_parent_dies(tmp_path, spec):
-    cmd = [sys.executable, "-m", "pytest_hud.agent.server", "--policy", spec, "--port", "0",
+    cmd = [sys.executable, "-m", "pytest_hud.serving.server", "--policy", spec, "--port", "0",
            "--contract-wait", str(tmp_path / "contract.json")]
     parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, time; subprocess.Popen({cmd!r}); "
                                "time.sleep(60)"], cwd=REPO, start_new_session=True)
@@ -108,11 +108,11 @@ def test_a_waiting_server_exits_when_its_parent_dies(tmp_path, spec):
 # -------------------------------------------------------------------------------- the pool
 def pool_children() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True)
-            if "pytest_hud.agent.server" in " ".join(p.cmdline())]
+            if "pytest_hud.serving.server" in " ".join(p.cmdline())]
 
 
 def standbys() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if "pytest_hud.standby" in " ".join(p.cmdline())]
+    return [p for p in psutil.Process().children(recursive=True) if "pytest_hud.launch.standby" in " ".join(p.cmdline())]
 
 
 def prestarted(pool: SimPool, spec: str) -> psutil.Process:
@@ -177,7 +177,7 @@ def test_a_waiting_server_that_died_is_replaced_by_one_started_the_usual_way(spe
             process, mark = prestarted(pool, spec), "--contract-wait"
         else:
             assert pool.warm_policy_server()
-            (process,), mark = standbys(), "pytest_hud.standby"
+            (process,), mark = standbys(), "pytest_hud.launch.standby"
         process.kill()  # e.g. the OOM killer, while it imported
         process.wait(10)
         reply = pool.policy_server_for(spec, contract_dict(2), worker=0)
@@ -258,8 +258,8 @@ def test_a_run_prestarts_its_servers_and_leaves_none_behind(pytester: pytest.Pyt
 def test_the_summary_asks_stuck_bridges_for_their_notes_all_at_once_and_gives_up_in_time():
     """A bridge stuck in a sim call accepts connections but answers nothing: three of them cost the
     summary one timeout, not three, and leave no socket behind."""
-    from pytest_hud.client import BridgeAddress
-    from pytest_hud.pool import _Bridge
+    from pytest_hud.client.bridge import BridgeAddress
+    from pytest_hud.controller.pool import _Bridge
 
     class Alive:
         def poll(self):
@@ -317,13 +317,13 @@ def test_an_unused_standby_is_stopped_with_the_run():
 
 
 def test_a_standby_only_takes_the_module_it_was_started_for(tmp_path):
-    from pytest_hud.launcher import LocalLauncher
+    from pytest_hud.launch.launcher import LocalLauncher
 
     launcher = LocalLauncher(lambda: tmp_path, cwd=str(REPO))
     try:
         assert launcher.warm("policy", "pytest_hud.no_such_module", "gc:collect")
         (standby,) = standbys()
-        service = launcher.launch(["-m", "pytest_hud.agent.server", "--policy", "tests/policykit.py:echo",
+        service = launcher.launch(["-m", "pytest_hud.serving.server", "--policy", "tests/policykit.py:echo",
                                    "--port", "0"], "policy server", role="policy",
                                   env={"PYTEST_HUD_SECRET": "s3cret"}, timeout=60)
         assert service.pid != standby.pid and not standby.is_running()
@@ -337,7 +337,7 @@ import time
 
 import pytest
 
-from pytest_hud.keys import SESSION_KEY
+from pytest_hud.worker.keys import SESSION_KEY
 
 
 @pytest.hookimpl(tryfirst=True)

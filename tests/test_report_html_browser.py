@@ -22,11 +22,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pytest_hud.contract import Contract
-from pytest_hud.episode import EpisodeResult
+from pytest_hud.core.contract import Contract
+from pytest_hud.client.episode import EpisodeResult
 from pytest_hud.report.html import standalone_page, summary_section_html, write_standalone_page
 from pytest_hud.report.pytest_html import EPISODE_COLUMNS, HtmlReportHooks, video_extra
-from pytest_hud.results import EpisodeRecord, aggregate
+from pytest_hud.core.results import EpisodeRecord, aggregate
 
 CHROMIUM = "/usr/bin/chromium"
 needs_chromium = pytest.mark.skipif(
@@ -169,7 +169,7 @@ def video_states(browser: Browser, selector: str) -> list[dict]:
 
 def record_failed_episode(directory: Path, steps: int = 15) -> str:
     """A real failed-episode MP4 made by VideoRecorder through the observer protocol."""
-    from pytest_hud.report.video import VideoRecorder, video_available
+    from pytest_hud.recording.video import VideoRecorder, video_available
 
     if not video_available():
         pytest.skip("PyAV is needed to record the video (pytest-hud[video])")
@@ -337,11 +337,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from pytest_hud.contract import Contract
-from pytest_hud.episode import EpisodeResult
+from pytest_hud.core.contract import Contract
+from pytest_hud.client.episode import EpisodeResult
 from pytest_hud.report.pytest_html import HtmlReportHooks
-from pytest_hud.report.video import VideoRecorder
-from pytest_hud.results import EpisodeRecord, aggregate
+from pytest_hud.recording.video import VideoRecorder
+from pytest_hud.core.results import EpisodeRecord, aggregate
 
 VIDEOS = Path(__file__).parent / "videos"
 RECORDS = []

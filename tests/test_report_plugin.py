@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_hud.report.trace import load_trace
-from pytest_hud.results import load_results
+from pytest_hud.recording.trace import load_trace
+from pytest_hud.core.results import load_results
 from test_report_html_browser import browser, needs_chromium, video_states  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(240)

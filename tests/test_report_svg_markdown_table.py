@@ -11,7 +11,7 @@ from pytest_hud.gate import TaskOutcomes, evaluate_gate
 from pytest_hud.report.markdown import comparison_markdown, summary_markdown
 from pytest_hud.report.svg import DEFAULT_COLOUR, VERDICT_COLOURS, success_rate_chart
 from pytest_hud.report.table import short_task, summary_lines, verdict_cell
-from pytest_hud.results import EpisodeRecord, TaskSummary, aggregate
+from pytest_hud.core.results import EpisodeRecord, TaskSummary, aggregate
 from pytest_hud.stats import wilson_interval
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pytest_hud.contract import Contract
-from pytest_hud.episode import EpisodeResult
-from pytest_hud.report.trace import TraceRecorder, episode_file_stem, load_trace
-from pytest_hud.report.video import VideoRecorder, encode_mp4
+from pytest_hud.core.contract import Contract
+from pytest_hud.client.episode import EpisodeResult
+from pytest_hud.recording.trace import TraceRecorder, episode_file_stem, load_trace
+from pytest_hud.recording.video import VideoRecorder, encode_mp4
 
 av = pytest.importorskip("av", reason="PyAV is needed to encode and decode the videos (pytest-hud[video])")
 
@@ -141,7 +141,7 @@ def test_max_frames_keeps_the_end_of_a_long_episode(tmp_path: Path) -> None:
 def test_encoding_happens_off_the_episode_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    import pytest_hud.report.video as video
+    import pytest_hud.recording.video as video
 
     release = threading.Event()
     real = video.encode_mp4
@@ -253,8 +253,8 @@ def test_pyav_is_imported_on_the_encoding_thread_when_the_first_episode_with_a_c
 import sys, time
 from types import SimpleNamespace
 import numpy as np
-from pytest_hud.contract import Contract
-from pytest_hud.report.video import VideoRecorder
+from pytest_hud.core.contract import Contract
+from pytest_hud.recording.video import VideoRecorder
 
 def contract(cameras):
     features = {{"action": {{"role": "action", "type": "box", "dtype": "float32", "shape": [2]}}}}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hud.results import load_results
+from pytest_hud.core.results import load_results
 from test_plugin import INI, SIMS
 
 pytestmark = pytest.mark.timeout(400)

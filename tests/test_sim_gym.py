@@ -336,7 +336,7 @@ def test_auto_keeps_an_env_that_refuses_random_actions_in_sync_with_a_fresh_env(
 
 
 def test_auto_refuses_an_unsupported_space_as_readably_as_sync():
-    from pytest_hud.contract import ContractError
+    from pytest_hud.core.contract import ContractError
 
     messages = []
     for asked in ("sync", "auto"):  # auto would choose processes (3 ms a step): refused before, here

@@ -13,25 +13,10 @@ import numpy as np
 import pytest
 
 from pytest_hud.stats import (
-    SequentialTest,
-    binom_cdf,
-    binom_pmf,
-    binom_sf,
-    boschloo_exact_one_sided,
-    episodes_needed,
-    episodes_needed_for_floor,
-    fisher_exact_one_sided,
-    holm,
-    holm_adjusted,
-    mcnemar_exact_one_sided,
-    minimum_detectable_drop,
-    paired_noninferiority_exact,
-    paired_power,
-    sequential_decision,
-    sequential_log_evalues,
-    unpaired_noninferiority_exact,
-    unpaired_power,
-    wilson_interval,
+    SequentialTest, binom_cdf, binom_pmf, binom_sf, boschloo_exact_one_sided, episodes_needed,
+    episodes_needed_for_floor, fisher_exact_one_sided, holm, holm_adjusted, mcnemar_exact_one_sided,
+    minimum_detectable_drop, paired_noninferiority_exact, paired_power, sequential_decision,
+    sequential_log_evalues, unpaired_noninferiority_exact, unpaired_power, wilson_interval,
 )
 
 ALPHA = 0.05
@@ -310,8 +295,8 @@ def test_unpaired_power_is_the_probability_of_the_tests_own_rejection_region(n, 
 def test_beyond_the_exact_sizes_the_unpaired_power_never_exceeds_the_tests_own(p0) -> None:
     """250 episodes a side is just past the exact computation: the approximation that takes over
     must not claim more power than the test has (the gate would say pass without it)."""
-    from pytest_hud.binomial import _binom_pmf_matrix
-    from pytest_hud.power import _unpaired_rejection_region
+    from pytest_hud.stats.binomial import _binom_pmf_matrix
+    from pytest_hud.stats.power import _unpaired_rejection_region
 
     region = _unpaired_rejection_region(250, 250, 0.05, 0.0).astype(float)
     for drop in (0.01, 0.03, 0.05, 0.1):

@@ -7,7 +7,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from pytest_hud.wire import MAX_FRAME_BYTES, WireError, packb, unpackb
+from pytest_hud.wire.codec import MAX_FRAME_BYTES, WireError, packb, unpackb
 
 VECTORS = Path(__file__).parent / "data" / "wire-vectors"
 MANIFEST = json.loads((VECTORS / "manifest.json").read_text())
@@ -98,7 +98,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
-from pytest_hud.wire import _encode  # noqa: E402
+from pytest_hud.wire.codec import _encode  # noqa: E402
 
 _DTYPES = st.sampled_from(["<f4", ">f4", "<f8", "|u1", "<i8", ">i2", "|b1", "<M8[s]", "<U3"])
 _ARRAYS = _DTYPES.flatmap(lambda d: hnp.arrays(np.dtype(d), hnp.array_shapes(min_dims=0, max_dims=3, max_side=5)))
@@ -126,7 +126,7 @@ def test_large_frames_use_the_long_headers_exactly_as_msgpack_does():
 
 
 # ------------------------------------- observation frames and action frames on the per-step path
-from pytest_hud.wire import pack_frame, unpack_action  # noqa: E402
+from pytest_hud.wire.codec import pack_frame, unpack_action  # noqa: E402
 
 
 @settings(max_examples=400, deadline=None)
@@ -162,7 +162,7 @@ def test_action_frames_decode_exactly_as_the_general_path(action, trailer, cut):
         assert msgpack.packb(got, default=_encode) == msgpack.packb(want, default=_encode)
 
 
-from pytest_hud.wire import FrameLayout, pack_action  # noqa: E402
+from pytest_hud.wire.codec import FrameLayout, pack_action  # noqa: E402
 
 
 @settings(max_examples=300, deadline=None)
@@ -230,7 +230,7 @@ _OUTCOME_KEYS = frozenset({"reward", "terminated", "truncated", "success"})
 
 
 def test_the_slot_client_reads_observation_frames_with_their_layout():
-    from pytest_hud.bridge_protocol import BridgeError, ObservationReader
+    from pytest_hud.client.protocol import BridgeError, ObservationReader
 
     read = ObservationReader()
     frames = [pack_frame({"state": np.full(3, i, np.float32)}, float(i), i == 2, False, False) for i in range(3)]
@@ -246,7 +246,7 @@ def test_the_slot_client_reads_observation_frames_with_their_layout():
     assert read.misses == 8
 
 
-from pytest_hud.wire import rows_packer  # noqa: E402
+from pytest_hud.wire.codec import rows_packer  # noqa: E402
 
 _BATCHES = st.integers(1, 4).flatmap(lambda n: st.dictionaries(
     st.text(max_size=20),

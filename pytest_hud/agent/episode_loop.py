@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..contract import RESERVED_KEYS, Contract
-from ..episode import EpisodeError
+from pytest_hud.core.contract import RESERVED_KEYS, Contract
+from pytest_hud.client.episode import EpisodeError
 
 if TYPE_CHECKING:
-    from ..episode import Episode, EpisodeResult
+    from pytest_hud.client.episode import Episode, EpisodeResult
 
 __all__ = ["EpisodeLoop", "StepObserver", "features", "as_chunk"]
 

@@ -96,7 +96,7 @@ def offline() -> None:
 def preload() -> None:
     """Import what :meth:`LeRobotPolicy.from_checkpoint` imports (torch, torchvision, LeRobot's
     policy configs and factory: ~3 CPU-seconds), offline. A standby policy server calls it while
-    the run starts (:mod:`pytest_hud.standby`)."""
+    the run starts (:mod:`pytest_hud.launch.standby`)."""
     offline()
     from lerobot.configs.policies import PreTrainedConfig  # noqa: F401
     from lerobot.policies.factory import get_policy_class, make_pre_post_processors  # noqa: F401

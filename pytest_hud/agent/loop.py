@@ -2,8 +2,8 @@
 
 Every decision (chunk queue, ``n_action_steps``, ``max_steps``, ``should_stop``, the watchdog,
 observers' ``on_start``/``on_step``) is made by :class:`~.episode_loop.EpisodeLoop`; ``run`` and
-``arun`` are its two thin shells, one over :class:`~pytest_hud.client.SlotClient` and one over
-:class:`~pytest_hud.client.AsyncSlotClient`.
+``arun`` are its two thin shells, one over :class:`~pytest_hud.client.bridge.SlotClient` and one over
+:class:`~pytest_hud.client.bridge.AsyncSlotClient`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ..client import AsyncSlotClient, BridgeError, SlotClient
-from ..episode import Episode, EpisodeError, EpisodeResult
-from .episode_loop import EpisodeLoop, StepObserver
-from .model import as_model
+from pytest_hud.client.bridge import AsyncSlotClient, BridgeError, SlotClient
+from pytest_hud.client.episode import Episode, EpisodeError, EpisodeResult
+from pytest_hud.agent.episode_loop import EpisodeLoop, StepObserver
+from pytest_hud.agent.model import as_model
 
 __all__ = ["Agent", "StepObserver"]
 

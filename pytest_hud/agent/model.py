@@ -25,8 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..contract import Contract
-from .lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
+from pytest_hud.core.contract import Contract
+from pytest_hud.agent.lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
 
 __all__ = ["Model", "PolicyError", "as_model", "check_policy_spec", "load_policy", "policy_kind", "policy_content_hash"]
 
@@ -112,7 +112,7 @@ def check_policy_spec(spec: str, here: Path | None = None) -> str:
         except (ImportError, ValueError) as exc:
             raise PolicyError(f"policy {spec!r}: module {where!r} cannot be found ({exc})") from None
         if found is None:
-            from ..sim.target import unimportable
+            from pytest_hud.sim.target import unimportable
 
             raise PolicyError(f"policy {spec!r}: {unimportable(where)} (name a module on the import path, "
                               "or the file: 'path/to/file.py:factory')")
@@ -158,7 +158,7 @@ def _top_level_names(file: Path) -> set[str] | None:
 
 def _why_not_a_checkpoint(folder: Path) -> str:
     """What a path given as a checkpoint lacks, as the end of an error message ('' when unsure)."""
-    from .lerobot import CONFIG_FILE, WEIGHTS_FILE
+    from pytest_hud.agent.lerobot import CONFIG_FILE, WEIGHTS_FILE
 
     if not folder.exists():
         return f": {str(folder)!r} does not exist"
@@ -239,11 +239,11 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
     """Build the model a ``--hud-policy`` spec names, for a bridge with ``contract``."""
     kind = policy_kind(spec)
     if kind == "openpi":
-        from .remote import RemotePolicy
+        from pytest_hud.agent.remote import RemotePolicy
 
         return RemotePolicy(spec, **{k: v for k, v in options.items() if k in ("timeout", "api_key")})
     if kind == "lerobot":
-        from .lerobot import LeRobotPolicy
+        from pytest_hud.agent.lerobot import LeRobotPolicy
 
         threads = options.get("threads")
         if threads:
@@ -258,7 +258,7 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
             )
         except ImportError as exc:  # its message already names the fix
             raise PolicyError(str(exc)) from None
-    from ..sim.target import TargetError, resolve_factory, unimportable
+    from pytest_hud.sim.target import TargetError, resolve_factory, unimportable
 
     try:
         factory = resolve_factory(spec, what="policy")

@@ -1,7 +1,7 @@
 """A policy behind an openpi-compatible WebSocket server, as a pytest-hud model.
 
 ``--hud-policy ws://host:port`` makes each worker forward its observations to a policy server:
-pytest-hud's own (``python -m pytest_hud.agent.server``, which batches all workers' requests into
+pytest-hud's own (``python -m pytest_hud.serving.server``, which batches all workers' requests into
 shared forwards) or openpi's ``WebsocketPolicyServer``. On the wire it behaves as openpi's
 ``WebsocketClientPolicy``: read the server's metadata frame, send a msgpack map of the observation
 (plus ``"prompt"`` when there is one), read back a map holding ``"actions"``; a text frame is the
@@ -12,7 +12,7 @@ bounded by ``timeout``. ::
     chunk = policy.predict({"state": state}, prompt="reach the goal")  # [T, A]
     policy.close()
 
-A server bound beyond loopback requires a key (see :mod:`pytest_hud.agent.server`). The client
+A server bound beyond loopback requires a key (see :mod:`pytest_hud.serving.server`). The client
 sends it as openpi-client's ``WebsocketClientPolicy(..., api_key=KEY)`` does, in an
 ``Authorization: Api-Key KEY`` header of the WebSocket handshake; ``api_key`` defaults to the
 ``PYTEST_HUD_POLICY_KEY`` environment variable. ::
@@ -32,8 +32,10 @@ from typing import Any
 import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from ..wire import MAX_FRAME_BYTES, NotAMapError, TextFrameError, WireError, packb, unpack_map
-from ..wsconn import BlockingWebSocket
+from pytest_hud.wire.codec import (
+    MAX_FRAME_BYTES, NotAMapError, TextFrameError, WireError, packb, unpack_map,
+)
+from pytest_hud.wire.wsclient import BlockingWebSocket
 
 __all__ = ["API_KEY_ENV", "RemotePolicy", "RemotePolicyError", "api_key_header"]
 

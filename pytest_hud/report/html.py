@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..results import EpisodeRecord, Results, TaskSummary
-from .svg import DEFAULT_COLOUR, VERDICT_COLOURS, success_rate_chart
-from .table import format_interval, format_number, format_rate, gate_verdicts, verdict_dict
+from pytest_hud.core.results import EpisodeRecord, Results, TaskSummary
+from pytest_hud.report.svg import DEFAULT_COLOUR, VERDICT_COLOURS, success_rate_chart
+from pytest_hud.report.table import (
+    format_interval, format_number, format_rate, gate_verdicts, verdict_dict,
+)
 
 __all__ = [
     "episodes_table_html",
@@ -316,7 +318,7 @@ def standalone_page(
 ) -> str:
     """A complete, self-standing HTML page: provenance, the summary section, and every episode.
 
-    ``source`` is a :class:`~pytest_hud.results.Results` (tasks, episodes, coverage and gate verdicts
+    ``source`` is a :class:`~pytest_hud.core.results.Results` (tasks, episodes, coverage and gate verdicts
     are taken from it unless given) or a mapping of task summaries (then pass ``episodes``).
     ``page_dir`` is where the page will be written (video paths are made relative to it);
     ``self_contained=True`` inlines the videos instead. Use :func:`write_standalone_page` to write

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ..worker import is_episode_error
+from pytest_hud.core.outcome import is_episode_error
 
 __all__ = ["JunitErrors", "add_gate_cases"]
 
@@ -48,7 +48,7 @@ def add_gate_cases(config: pytest.Config, verdicts: Iterable[Any], *, strict: bo
     from _pytest.junitxml import xml_key
     from _pytest.reports import TestReport
 
-    from ..gate import gate_passed
+    from pytest_hud.gate import gate_passed
 
     xml = config.stash.get(xml_key, None)
     if xml is None:

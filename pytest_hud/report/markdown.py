@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..results import TaskSummary
-from .table import format_interval, format_number, format_rate, verdict_dict
+from pytest_hud.core.results import TaskSummary
+from pytest_hud.report.table import format_interval, format_number, format_rate, verdict_dict
 
 __all__ = ["VERDICT_BADGES", "comparison_markdown", "coverage_text", "summary_markdown"]
 

@@ -62,9 +62,9 @@ from typing import Any
 
 import pytest
 
-from ..results import TaskSummary
-from .html import summary_section_html, video_src
-from .table import format_number
+from pytest_hud.core.results import TaskSummary
+from pytest_hud.report.html import summary_section_html, video_src
+from pytest_hud.report.table import format_number
 
 __all__ = ["EPISODE_COLUMNS", "HtmlReportHooks", "video_extra"]
 

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from ..results import TaskSummary
-from .table import format_interval, format_rate, short_task, verdict_dict
+from pytest_hud.core.results import TaskSummary
+from pytest_hud.report.table import format_interval, format_rate, short_task, verdict_dict
 
 __all__ = ["DEFAULT_COLOUR", "VERDICT_COLOURS", "success_rate_chart"]
 

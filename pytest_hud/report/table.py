@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..results import TaskSummary
+from pytest_hud.core.results import TaskSummary
 
 __all__ = [
     "gate_lines",
@@ -166,7 +166,7 @@ def gate_lines(verdicts: list[Any], *, strict: bool = False, reasons: bool = Tru
     reason, the policies compared, and why nothing was compared. The terminal summary and
     ``python -m pytest_hud report --compare`` print the same lines (``reasons=False``: all but the
     verdicts' own, for a report that lists every verdict itself)."""
-    from ..gate import gate_passed, nothing_compared
+    from pytest_hud.gate import gate_passed, nothing_compared
 
     lines: list[tuple[str, bool]] = []
     for v in verdicts if reasons else ():

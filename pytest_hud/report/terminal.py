@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .table import gate_lines, summary_lines
+from pytest_hud.report.table import gate_lines, summary_lines
 
 __all__ = ["write_summary"]
 
@@ -15,7 +15,7 @@ def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None,
                   baseline: str | None = None, other_failures: int = 0, notes: list[str] | None = None,
                   strict: bool = False, baseline_note: str | None = None) -> None:
     """Write the summary section with pytest's terminal reporter ``tr``."""
-    from ..gate import gate_passed
+    from pytest_hud.gate import gate_passed
 
     tr.write_sep("=", "pytest-hud summary")
     verdict_dicts = None if verdicts is None else {v.task: v.to_dict() for v in verdicts}

@@ -4,8 +4,8 @@ Run it with ``python -m pytest_hud.sim TARGET --width N``; write a :class:`Vecto
 serve a sim that is not gym-shaped.
 """
 
-from .base import GymSim, SlotFaults, StepBatch, VectorSim
-from .claims import ClaimRules
-from .multitask import MultiTaskSim
+from pytest_hud.sim.base import GymSim, SlotFaults, StepBatch, VectorSim
+from pytest_hud.sim.claims import ClaimRules
+from pytest_hud.sim.multitask import MultiTaskSim
 
 __all__ = ["ClaimRules", "GymSim", "MultiTaskSim", "SlotFaults", "StepBatch", "VectorSim"]

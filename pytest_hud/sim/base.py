@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..contract import Contract, derive_contract, flatten_observation
-from .claims import ClaimRules
-from .failures import last_line
+from pytest_hud.core.contract import Contract, derive_contract, flatten_observation
+from pytest_hud.sim.claims import ClaimRules
 
 if TYPE_CHECKING:
-    from .threads import EnvThreads
+    from pytest_hud.sim.threads import EnvThreads
 
 __all__ = ["SUCCESS_KEYS", "GymSim", "SlotFaults", "StepBatch", "VectorSim"]
 
@@ -48,6 +47,12 @@ class StepBatch:
         n = self.rewards.shape[0]
         self.success = np.zeros(n, bool) if success is None else np.asarray(success, bool)
         self.score = score  # [N] float, NaN where the sim gives none
+
+
+def last_line(trace: str) -> str:
+    """The exception line of a traceback's text (its last non-empty line): what a message leads with."""
+    lines = [line for line in str(trace).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no message)"
 
 
 class SlotFaults(Exception):

@@ -24,8 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import Contract, ContractError, derive_contract, flatten_observation
-from .base import SUCCESS_KEYS, SlotFaults, StepBatch, VectorSim, declared_claim_rules, per_slot
+from pytest_hud.core.contract import Contract, ContractError, derive_contract, flatten_observation
+from pytest_hud.sim.base import (
+    SUCCESS_KEYS, SlotFaults, StepBatch, VectorSim, declared_claim_rules, per_slot,
+)
 
 __all__ = ["MultiTaskSim"]
 

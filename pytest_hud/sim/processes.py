@@ -25,14 +25,14 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..contract import Contract
-from .base import FaultLog, SlotFaults, StepBatch, VectorSim, sim_stats
-from .claims import ClaimRules
+from pytest_hud.core.contract import Contract
+from pytest_hud.sim.base import FaultLog, SlotFaults, StepBatch, VectorSim, sim_stats
+from pytest_hud.sim.claims import ClaimRules
 
 __all__ = ["ProcessSim"]
 
@@ -50,15 +50,13 @@ def _exit_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str, Any],
-           control_rate: float | None) -> None:
+def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str, width: int,
+           build_args: dict[str, Any], control_rate: float | None) -> None:
     """A block's process: build the sim, then answer the bridge's calls until closed."""
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="hud-parent-watch").start()
-    from .target import load_sim
-
     try:
-        sim = load_sim(target, width, "sync", build_args, control_rate)
+        sim = build(target, width, build_args, control_rate)
         conn.send(("ok", (sim.contract().to_dict(), sim.supports_slot_step, sim.supports_slot_reset,
                           sim.observe(), tuple(getattr(sim, "tasks", ()) or ()), sim_stats(sim),
                           sim.isolates_slots, sim.claim_rules.to_dict())))
@@ -101,13 +99,13 @@ def _serve(conn: Any, parent: int, target: str, width: int, build_args: dict[str
 class _Block:
     """One process and the slots ``start .. stop-1`` it serves."""
 
-    def __init__(self, ctx: Any, start: int, stop: int, target: str, build_args: dict[str, Any],
-                 control_rate: float | None) -> None:
+    def __init__(self, ctx: Any, start: int, stop: int, build: Callable[..., VectorSim], target: str,
+                 build_args: dict[str, Any], control_rate: float | None) -> None:
         self.start, self.stop = start, stop
         self.stats: Any = None  # its sim's counters (``stats()``), as of its last reset
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, os.getpid(), target, stop - start, build_args,
-                                                       control_rate),
+        self.process = ctx.Process(target=_serve, args=(child, os.getpid(), build, target, stop - start,
+                                                       build_args, control_rate),
                                    daemon=True, name=f"hud-envs-{start}-{stop - 1}")
         self.process.start()
         child.close()
@@ -149,16 +147,19 @@ class ProcessSim(VectorSim):
     vectorization = "processes"
 
     def __init__(self, target: str, width: int, build_args: Mapping[str, Any] | None = None,
-                 control_rate: float | None = None, processes: int = 2) -> None:
+                 control_rate: float | None = None, processes: int = 2, *,
+                 build: Callable[..., VectorSim]) -> None:
         super().__init__(width)
         n = max(1, min(int(processes), self.width))
         bounds = [round(k * self.width / n) for k in range(n + 1)]
         ctx = multiprocessing.get_context("spawn")
+        # each process builds its block's sim with ``build(target, width, build_args, control_rate)``: a
+        # module-level function (sent by reference), the loader's ``sync`` path
         self._blocks: list[_Block] = []
         self._closed = False
         try:
             for start, stop in zip(bounds, bounds[1:]):
-                self._blocks.append(_Block(ctx, start, stop, target, dict(build_args or {}), control_rate))
+                self._blocks.append(_Block(ctx, start, stop, build, target, dict(build_args or {}), control_rate))
             hellos = [block.answer() for block in self._blocks]
         except BaseException:
             self.close()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .base import GymSim, VectorSim
+from pytest_hud.sim.base import GymSim, VectorSim
 
 __all__ = ["TargetError", "resolve_factory", "load_sim", "describe_target"]
 
@@ -168,7 +168,7 @@ def load_sim(
                          "after another in the bridge's process (processes spreads them over the cores)")
         if why is not None:
             # what sync would refuse (an unsupported space) is refused here, as readably, not in a block process
-            from ..contract import derive_contract
+            from pytest_hud.core.contract import derive_contract
 
             derive_contract(probe.observation_space, probe.action_space, probe.reset(seed=0)[0],
                             getattr(probe, "metadata", None), control_rate)
@@ -187,7 +187,7 @@ def load_sim(
         sim.vectorization = "sync"
         return sim
     elif vectorization == "threads":
-        from .threads import EnvThreads, default_threads
+        from pytest_hud.sim.threads import EnvThreads, default_threads
 
         probe.close()  # every env is built on the thread that will step it
         threads = EnvThreads(default_threads(width))
@@ -226,7 +226,7 @@ def _auto_processes(env: Any, width: int) -> str | None:
     starts, so these steps leave no trace in any episode. What the timing raises is the caller's to
     handle (it keeps the bridge on ``sync``, with a fresh env).
     """
-    from .threads import default_threads
+    from pytest_hud.sim.threads import default_threads
 
     cores = default_threads(width)
     if cores < 2:
@@ -271,10 +271,16 @@ def _env_step_seconds(env: Any, budget_s: float = 0.25, steps: int = 8) -> float
 
 def _in_processes(target: str, width: int, kwargs: Mapping[str, Any], control_rate: float | None) -> VectorSim:
     """``target``'s slots split across one process per core (``--hud-vectorization=processes``)."""
-    from .processes import ProcessSim
-    from .threads import default_threads
+    from pytest_hud.sim.processes import ProcessSim
+    from pytest_hud.sim.threads import default_threads
 
-    return ProcessSim(target, width, kwargs, control_rate, default_threads(width))
+    return ProcessSim(target, width, kwargs, control_rate, default_threads(width), build=build_sync)
+
+
+def build_sync(target: str, width: int, build_args: dict[str, Any], control_rate: float | None) -> VectorSim:
+    """``target``'s sim of ``width`` slots in this process (``sync``): what each process of
+    ``processes`` builds for its block."""
+    return load_sim(target, width, "sync", build_args, control_rate)
 
 
 class EnvMaker:

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from pytest_hud.contract import Contract, Feature
+from pytest_hud.core.contract import Contract, Feature
 from pytest_hud.sim import StepBatch, VectorSim
 
 

@@ -28,10 +28,7 @@ from lerobot.policies.factory import make_pre_post_processors
 
 from evals.sims.reach import make_reach
 from pytest_hud.agent.lerobot import (
-    CopyObservationsProcessorStep,
-    LeRobotPolicy,
-    lerobot_feature_name,
-    looks_like_lerobot_checkpoint,
+    CopyObservationsProcessorStep, LeRobotPolicy, lerobot_feature_name, looks_like_lerobot_checkpoint,
 )
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ pytest.importorskip("lerobot.policies", reason="LeRobot is not installed: pip in
 
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-from pytest_hud.results import load_results
+from pytest_hud.core.results import load_results
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

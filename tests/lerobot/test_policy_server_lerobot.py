@@ -31,7 +31,7 @@ from conftest import stop
 from policykit import serve_waiting, start_server, wait_for
 from pytest_hud.agent.lerobot import LeRobotPolicy
 from pytest_hud.agent.remote import RemotePolicy
-from pytest_hud.contract import derive_contract
+from pytest_hud.core.contract import derive_contract
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -135,7 +135,7 @@ def test_a_server_loaded_ahead_checks_the_contract_when_it_comes_and_serves_as_l
     finally:
         stop(proc)
     direct = subprocess.run(
-        [sys.executable, "-m", "pytest_hud.agent.server", "--policy", str(FINAL), "--port", "0",
+        [sys.executable, "-m", "pytest_hud.serving.server", "--policy", str(FINAL), "--port", "0",
          "--contract", str(contract)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert direct.returncode == 2
     assert "cannot load policy" in refused and "cannot feed observation.state" in refused

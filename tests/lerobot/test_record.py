@@ -22,15 +22,10 @@ pytest.importorskip("lerobot.policies")  # not "lerobot": tests/lerobot itself w
 
 from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: E402
 
-from pytest_hud.contract import Contract, Feature  # noqa: E402
-from pytest_hud.episode import EpisodeResult  # noqa: E402
-from pytest_hud.record import (  # noqa: E402
-    DEFAULT_REPO_ID,
-    EPISODES_FILE,
-    DatasetRecorder,
-    RecordingWarning,
-    check_record_dir,
-    merge_parts,
+from pytest_hud.core.contract import Contract, Feature  # noqa: E402
+from pytest_hud.client.episode import EpisodeResult  # noqa: E402
+from pytest_hud.recording.dataset import (
+    DEFAULT_REPO_ID, EPISODES_FILE, DatasetRecorder, RecordingWarning, check_record_dir, merge_parts,
 )
 
 TASK = "evals/test_reach.py::test_reach"
@@ -191,6 +186,6 @@ def test_nothing_recorded_merges_to_nothing(tmp_path: Path) -> None:
 
 
 def test_importing_the_recorder_does_not_import_torch() -> None:
-    code = "import sys, pytest_hud.record; print('torch' in sys.modules or 'lerobot' in sys.modules)"
+    code = "import sys, pytest_hud.recording.dataset; print('torch' in sys.modules or 'lerobot' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

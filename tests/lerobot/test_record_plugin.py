@@ -11,7 +11,7 @@ pytest.importorskip("lerobot.policies")
 
 from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: E402
 
-from pytest_hud.results import load_results  # noqa: E402
+from pytest_hud.core.results import load_results  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -19,8 +19,8 @@ pytest.importorskip("metaworld", reason='Meta-World is not installed: pip instal
 
 from conftest import run_threads, start_bridge, stop  # noqa: E402
 
-from pytest_hud.client import BridgeError, ControlClient, SlotClient  # noqa: E402
-from pytest_hud.results import load_results  # noqa: E402
+from pytest_hud.client.bridge import BridgeError, ControlClient, SlotClient  # noqa: E402
+from pytest_hud.core.results import load_results  # noqa: E402
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 ROOT = Path(__file__).resolve().parents[2]

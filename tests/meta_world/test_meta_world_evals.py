@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("metaworld", reason='Meta-World is not installed: pip install "pytest-hud[metaworld]"')
 
-from pytest_hud.results import load_results  # noqa: E402
+from pytest_hud.core.results import load_results  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 

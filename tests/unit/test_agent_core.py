@@ -11,8 +11,8 @@ import pytest
 
 from pytest_hud.agent import episode_loop
 from pytest_hud.agent.episode_loop import EpisodeLoop, as_chunk, features, watchdog
-from pytest_hud.contract import Contract, Feature
-from pytest_hud.episode import EpisodeError
+from pytest_hud.core.contract import Contract, Feature
+from pytest_hud.client.episode import EpisodeError
 
 CONTRACT = Contract(features={
     "state": Feature("state", "observation", "state", "float32", (3,)),
@@ -382,7 +382,7 @@ def test_a_bridge_error_names_its_slot_once(bridge_said, shown):
     from types import SimpleNamespace
 
     from pytest_hud.agent import Agent
-    from pytest_hud.bridge_protocol import BridgeError
+    from pytest_hud.client.protocol import BridgeError
 
     agent = Agent(Chunker())
     with pytest.raises(EpisodeError) as caught:

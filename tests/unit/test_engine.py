@@ -9,24 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_hud.contract import Contract, Feature
+from pytest_hud.core.contract import Contract, Feature
 from pytest_hud.sim.base import StepBatch
-from pytest_hud.sim.engine import BridgeEngine, ResetPlan, TickPlan, Timeouts, resolve_tick
-from pytest_hud.sim.failures import (
-    ActionTimeout,
-    BadAction,
-    BadClaim,
-    BridgeBroken,
-    ClaimTimeout,
-    EpisodeOver,
-    NoFirstObservation,
-    SimFailed,
-    SlotError,
-    SlotReleased,
-    TaskError,
+from pytest_hud.bridge.engine import BridgeEngine, ResetPlan, TickPlan, Timeouts, resolve_tick
+from pytest_hud.bridge.failures import (
+    ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout, EpisodeOver, NoFirstObservation,
+    SimFailed, SlotError, SlotReleased, TaskError,
 )
-from pytest_hud.sim.server import close_code
-from pytest_hud.sim.slots import Slot, SlotState
+from pytest_hud.bridge.server import close_code
+from pytest_hud.bridge.slots import Slot, SlotState
 
 CONTRACT = Contract(
     features={

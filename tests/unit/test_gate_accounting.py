@@ -7,18 +7,14 @@ from pathlib import Path
 import pytest
 
 from pytest_hud.agent.model import PolicyError, check_policy_spec
-from pytest_hud.controller import results_paths
+from pytest_hud.controller.hooks import results_paths
 from pytest_hud.gate import (
-    SEQUENTIAL_SKIP,
-    GateConfig,
-    evaluate_gate,
-    gate_passed,
-    load_gate_file,
-    outcomes_from_records,
-    outcomes_from_results,
-    unmatched_floors,
+    SEQUENTIAL_SKIP, GateConfig, evaluate_gate, gate_passed, load_gate_file, outcomes_from_records,
+    outcomes_from_results, unmatched_floors,
 )
-from pytest_hud.results import EpisodeRecord, ResultsWriter, aggregate, gate_input_problem, load_results
+from pytest_hud.core.results import (
+    EpisodeRecord, ResultsWriter, aggregate, gate_input_problem, load_results,
+)
 
 
 def rec(episode: int | str, outcome: str = "passed", task: str = "t", contract: str | None = None,
@@ -212,6 +208,6 @@ def test_policy_specs_are_checked_without_running_them(tmp_path: Path) -> None:
     (None, None),
 ])
 def test_a_sim_or_policy_file_is_recorded_relative_to_the_rootdir(spec, expected):
-    from pytest_hud.provenance import portable_spec
+    from pytest_hud.core.specs import portable_spec
 
     assert portable_spec(spec, ["/ci/build", "/ci/build/evals"]) == expected

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_hud.launcher import LaunchError, StaticLauncher, parse_endpoints
-from pytest_hud.settings import HudSettings, SettingsError, parse_resources
+from pytest_hud.launch.launcher import LaunchError, StaticLauncher, parse_endpoints
+from pytest_hud.core.settings import HudSettings, SettingsError, parse_resources
 
 
 def build(**cli):
@@ -81,7 +81,7 @@ def test_a_static_launcher_hands_out_endpoints_in_turn_then_says_which_variable_
 
 
 def test_a_bridge_holds_starts_for_the_workers_that_share_it():
-    from pytest_hud.pool import BridgeSpec, SimPool
+    from pytest_hud.controller.pool import BridgeSpec, SimPool
 
     def sharing(workers: int, width: int) -> list[int]:
         pool = SimPool("s", BridgeSpec(width=width), workers=workers)
@@ -103,7 +103,7 @@ def test_a_bridge_holds_starts_for_the_workers_that_share_it():
 ])
 def test_a_local_policy_server_leaves_the_env_processes_their_cores(monkeypatch, vectorization, width, cores, env,
                                                                     threads):
-    from pytest_hud.pool import BridgeSpec, SimPool
+    from pytest_hud.controller.pool import BridgeSpec, SimPool
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     for key, value in env.items():

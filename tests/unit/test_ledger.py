@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pytest_hud.gate import GateConfig
-from pytest_hud.ledger import Ledger
-from pytest_hud.results import EpisodeRecord, Results
+from pytest_hud.controller.ledger import Ledger
+from pytest_hud.core.results import EpisodeRecord, Results
 
 
 def declared(task: str, n: int, floor: float | None = None) -> list[dict]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_hud.merge import MergeError, merge_shards
-from pytest_hud.results import EpisodeRecord, Results
-from pytest_hud.shard import partition, suite_fingerprint, suite_tasks
+from pytest_hud.controller.merge import MergeError, merge_shards
+from pytest_hud.core.results import EpisodeRecord, Results
+from pytest_hud.core.shard import partition, suite_fingerprint, suite_tasks
 
 SUITE = [("t.py::test_a", str(s)) for s in range(6)] + [("t.py::test_b", str(s)) for s in range(3)]
 IDENTITY = {"plugin_version": "0.1.0", "policy": "p:f", "policy_hash": "sha256:aa", "sim": "s:f", "build": {},

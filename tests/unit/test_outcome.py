@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_hud.outcome import classify, episode_identity, episode_record, skip_reason
+from pytest_hud.core.outcome import classify, episode_identity, episode_record, skip_reason
 
 
 class Failed(Exception):

@@ -104,7 +104,7 @@ def test_the_controller_hashes_a_policy_once_however_many_workers_ask(tmp_path, 
     from concurrent.futures import ThreadPoolExecutor
 
     import pytest_hud.agent.model as model
-    from pytest_hud.provenance import PolicyHashes
+    from pytest_hud.controller.provenance import PolicyHashes
 
     folder = _checkpoint(tmp_path / "ckpt")
     calls = []
@@ -137,7 +137,7 @@ def test_closing_the_hashes_stops_a_long_read_at_once(tmp_path, monkeypatch):
     import time
 
     import pytest_hud.agent.model as model
-    from pytest_hud.provenance import PolicyHashes
+    from pytest_hud.controller.provenance import PolicyHashes
 
     big = tmp_path / "weights.bin"
     big.write_bytes(b"\0" * (4 << 20))  # four blocks

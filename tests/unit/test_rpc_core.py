@@ -9,28 +9,14 @@ import pytest
 from websockets.exceptions import ConnectionClosedError
 from websockets.frames import Close
 
-from pytest_hud.bridge_protocol import (
-    BridgeError,
-    Claim,
-    action_frame,
-    claim_frame,
-    closed_error,
-    read_claim,
-    read_frame,
-    send_error,
+from pytest_hud.client.protocol import (
+    BridgeError, Claim, action_frame, claim_frame, closed_error, read_claim, read_frame, send_error,
 )
-from pytest_hud.jsonrpc import (
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    PARSE_ERROR,
-    InvalidRequest,
-    RpcClientProtocol,
-    RpcError,
-    encode_error,
-    encode_result,
-    parse_request,
+from pytest_hud.wire.jsonrpc import (
+    INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, InvalidRequest, RpcClientProtocol, RpcError,
+    encode_error, encode_result, parse_request,
 )
-from pytest_hud.wire import NotAMapError, TextFrameError, WireError, packb, unpack_map, unpackb
+from pytest_hud.wire.codec import NotAMapError, TextFrameError, WireError, packb, unpack_map, unpackb
 
 
 def reply(id_, result=None, error=None) -> bytes:
@@ -267,7 +253,7 @@ def test_a_peer_that_resets_the_connection_reads_as_closed_not_as_a_bare_errno()
     import struct
     import threading
 
-    from pytest_hud.rpc import RpcClient
+    from pytest_hud.wire.rpc import RpcClient
 
     server = socket.create_server(("127.0.0.1", 0))
 

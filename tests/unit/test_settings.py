@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_hud.settings import OPTIONS, HudSettings, SettingsError, Timeouts
+from pytest_hud.core.settings import OPTIONS, HudSettings, SettingsError, Timeouts
 
 NONE = {name: None for name in OPTIONS}
 

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hud.ledger import Ledger
-from pytest_hud.results import EpisodeRecord, Results
-from pytest_hud.shard import Shard, episode_key, parse_shard, partition, suite_fingerprint, suite_tasks
+from pytest_hud.controller.ledger import Ledger
+from pytest_hud.core.results import EpisodeRecord, Results
+from pytest_hud.core.shard import (
+    Shard, episode_key, parse_shard, partition, suite_fingerprint, suite_tasks,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +48,7 @@ def test_consecutive_seeds_are_not_dealt_in_order():
 
 PRINT_PARTITION = """
 import json, sys
-from pytest_hud.shard import partition
+from pytest_hud.core.shard import partition
 suite = json.loads(sys.argv[1])
 print(json.dumps(sorted([t, e, i] for (t, e), i in partition([tuple(p) for p in suite], 4).items())))
 """

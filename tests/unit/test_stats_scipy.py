@@ -1,6 +1,6 @@
 """The gate's exact tests and intervals against scipy.stats, wherever scipy has the same test.
 
-``pytest_hud.stats`` is written on numpy alone so that the core install needs no scipy (its docstring
+``pytest_hud.stats.rates`` is written on numpy alone so that the core install needs no scipy (its docstring
 says why); these tests hold it to scipy's answers on every small table, where off-by-ones live, and
 on seeded random cases up to thousands of episodes (hypothesis runs derandomized, no database).
 
@@ -29,16 +29,8 @@ from hypothesis import strategies as st
 from scipy import stats as sp
 
 from pytest_hud.stats import (
-    binom_cdf,
-    binom_pmf,
-    binom_sf,
-    boschloo_exact_one_sided,
-    fisher_exact_one_sided,
-    holm,
-    holm_adjusted,
-    mcnemar_exact_one_sided,
-    unpaired_noninferiority_exact,
-    wilson_interval,
+    binom_cdf, binom_pmf, binom_sf, boschloo_exact_one_sided, fisher_exact_one_sided, holm, holm_adjusted,
+    mcnemar_exact_one_sided, unpaired_noninferiority_exact, wilson_interval,
 )
 
 EXACT = 1e-9  # relative, for sums and closed forms

@@ -1,4 +1,4 @@
-"""The lean WebSocket layer (pytest_hud.wsproto, .sim.wsserver, .wsconn) against RFC 6455 and websockets.
+"""The lean WebSocket layer (pytest_hud.wire.websocket, .sim.wsserver, .wsconn) against RFC 6455 and websockets.
 
 websockets is the reference peer: its client talks to our server and its server to our client,
 including what the per-step path never does itself (fragments, pings, close codes, refusals).
@@ -21,20 +21,11 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 from websockets.frames import Close, Frame, Opcode
 from websockets.sync.client import connect, unix_connect
 
-from pytest_hud.sim.wsserver import serve_ws
-from pytest_hud.wsconn import BlockingWebSocket, unix_connection
-from pytest_hud.wsproto import (
-    OP_BINARY,
-    OP_CLOSE,
-    OP_CONT,
-    OP_PING,
-    OP_TEXT,
-    FrameReader,
-    HandshakeError,
-    ProtocolError,
-    accept_key,
-    encode_frame,
-    parse_request,
+from pytest_hud.bridge.wsserver import serve_ws
+from pytest_hud.wire.wsclient import BlockingWebSocket, unix_connection
+from pytest_hud.wire.websocket import (
+    OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_TEXT, FrameReader, HandshakeError, ProtocolError, accept_key,
+    encode_frame, parse_request,
 )
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,0 +1,799 @@
+"""The bridge's I/O shell: the control channel, the slot WebSockets and the sim calls.
+
+Runs on an asyncio loop in a background thread. What happens to a slot (claims, ticks, holds,
+timeouts, failures) is decided by :class:`~.engine.BridgeEngine`; this module decodes frames, asks
+the engine, runs the sim calls it plans on the main thread through ``submit(loop, fn, *args)``
+(an awaitable answer; see :mod:`pytest_hud.bridge.mainthread`), serialised by one lock so a slot's
+reset can never interleave with a batched step, and sends back what the engine answers. The tick
+writes every acting slot's observation itself, and one timer watches all deadlines: the per-step
+path has one wake-up per tick, not one per slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pytest_hud.wire.rpc import RpcError, RpcServer
+from pytest_hud.wire.codec import MAX_FRAME_BYTES, WireError, packb, rows_packer, unpack_action, unpackb
+from pytest_hud.sim.base import FaultLog, VectorSim, sim_stats, stepping_hint
+from pytest_hud.bridge.engine import (
+    DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick,
+)
+from pytest_hud.bridge.failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
+from pytest_hud.bridge.slots import Slot, SlotState
+from pytest_hud.sim.threads import default_threads
+from pytest_hud.bridge.wsserver import WsConnection, WsServer, serve_ws
+
+__all__ = ["BridgeServer", "Timeouts", "close_code"]
+
+PROTOCOL = "pytest-hud/control/1"
+
+
+def close_code(failure: SlotFailure) -> int:
+    """The WebSocket close code after ``failure``'s error frame: 1011 for a sim fault, else 1008."""
+    return 1011 if isinstance(failure, SimFailed) else 1008
+
+
+class BridgeServer:
+    def __init__(
+        self,
+        sim: VectorSim,
+        submit: Callable[..., Any],
+        *,
+        secret: str,
+        host: str = "127.0.0.1",
+        timeouts: Timeouts | None = None,
+        hold: str = "zeros",
+        build_args: dict[str, Any] | None = None,
+        target: str = "",
+        wave_gather_s: float = 0.05,
+        tick: str = "auto",
+        tick_window: float = DEFAULT_TICK_WINDOW,
+        start_together: int = 0,
+        start_window: float = DEFAULT_START_WINDOW,
+        call: Callable[..., None],
+    ) -> None:
+        self.sim = sim
+        self._submit = submit
+        self._call_to = call  # the executor's ``call_to``: the tick's answer as a callback
+        self.secret = secret
+        self.host = host
+        self.target = target
+        self.contract = sim.contract()
+        self.contract_dict = self.contract.to_dict()
+        tick = resolve_tick(tick, slot_step=sim.supports_slot_step, slot_reset=sim.supports_slot_reset,
+                            lane_ticks=sim.supports_lane_ticks)
+        self.engine = BridgeEngine(sim.width, self.contract, sim.hold_action(), hold=hold,
+                                   wave=not sim.supports_slot_reset, timeouts=timeouts,
+                                   build_args=build_args, tick=tick, tick_window=tick_window,
+                                   tasks=tuple(getattr(sim, "tasks", ()) or ()),
+                                   lanes=getattr(sim, "lanes", None), start_together=start_together,
+                                   claims=sim.claim_rules,
+                                   # pinning a fault on a slot needs a sim that steps a subset of slots
+                                   isolates=sim.isolates_slots and sim.supports_slot_step)
+        self._start_window = start_window
+        self._held: list[tuple[WsConnection, _Peer]] = []  # reset, first observation held back (start together)
+        self._held_timer: asyncio.TimerHandle | None = None
+        self.started = time.monotonic()
+        self._wave_gather_s = wave_gather_s
+        self._sim_gate = _SimGate(on_free=self._maybe_tick if self.engine.lane_slots else None)
+        self._lanes_busy: set[int] = set()  # lanes mode: lanes whose step is under way
+        self._slot_changed = asyncio.Condition()
+        self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
+        self._sockets: dict[int, WsConnection] = {}  # slot index -> its agent's socket
+        self._handshakes: dict[Handshake, WsConnection] = {}  # sockets that have not claimed yet
+        self._metadata = packb({"claim_required": True, "width": self.engine.width,
+                                "contract": self.contract_dict})
+        self._tick_task: asyncio.Task | None = None
+        self._ticking = False
+        self._window: asyncio.TimerHandle | None = None  # ready mode: the armed window's timer
+        self._wave_task: asyncio.Task | None = None
+        self._rebuild_task: asyncio.Task | None = None
+        self.rpc = RpcServer(
+            {
+                "contract": self._rpc_contract,
+                "reset": self._rpc_reset,
+                "result": self._rpc_result,
+                "release": self._rpc_release,
+                "stats": self._rpc_stats,
+            },
+            secret,
+            on_close=self._on_control_close,
+            hello_info=self._hello_info,
+        )
+        self.step_s = 0.0  # time in the sim's steps (ticks), and the span of the ticks
+        self._step_started = self._ticked_from = self._ticked_until = 0.0
+        self.control_port = 0
+        self.ws_port = 0
+        self.ws_unix: str | None = None  # the same WebSocket on an abstract Unix socket, for this host
+        self._ws_server: WsServer | None = None
+
+    # ------------------------------------------------------------- lifecycle
+    async def start(self, control_port: int = 0, ws_port: int = 0) -> None:
+        self.control_port = await self.rpc.start(self.host, control_port)
+        # no pings from this side: ticks may legitimately pause for minutes (model warm-up)
+        self._ws_server = await serve_ws(self, self.host, ws_port, MAX_FRAME_BYTES, unix=True)
+        self.ws_port = self._ws_server.port
+        self.ws_unix = self._ws_server.unix
+
+    async def close(self) -> None:
+        await self.rpc.close()
+        if self._ws_server is not None:
+            self._ws_server.close()
+
+    async def _sim_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self._submit(asyncio.get_running_loop(), fn, *args)
+
+    def _hello_info(self) -> dict[str, Any]:
+        return {
+            "protocol": PROTOCOL,
+            "width": self.engine.width,
+            "ws": self.ws_port,
+            "ws_unix": self.ws_unix,
+            "pid": os.getpid(),
+            "target": self.target,
+            "build": self.engine.build_args,
+            "wave": self.engine.wave,
+            "tick": self.engine.tick,
+            "vectorization": self.sim.vectorization,
+            "tasks": list(self.engine.tasks),
+            "isolates": self.engine.isolates,
+            "claims": self.engine.claims.to_dict(),
+        }
+
+    # --------------------------------------------------------------- control
+    async def _rpc_contract(self, conn: Any) -> dict[str, Any]:
+        return self.contract_dict
+
+    async def _rpc_stats(self, conn: Any) -> dict[str, Any]:
+        engine = self.engine
+        return {
+            "width": engine.width,
+            "pid": os.getpid(),
+            "target": self.target,
+            "build": engine.build_args,
+            "broken": engine.broken,
+            "ticks": engine.ticks,
+            "env_steps": engine.env_steps,
+            "slot_steps": engine.slot_steps,
+            "episodes": engine.episodes,
+            "uptime_s": time.monotonic() - self.started,
+            "slots": engine.snapshot(),
+            "wave": engine.wave,
+            "tick": engine.tick,
+            "start_together": engine.start_together,
+            "starts_held": len(self._held),
+            "vectorization": self.sim.vectorization,
+            "tasks": list(engine.tasks),
+            "sim": sim_stats(self.sim),
+            "step_s": self.step_s,
+            "hint": stepping_hint(self.sim, engine.ticks, engine.env_steps, self.step_s,
+                                  self._ticked_until - self._ticked_from, default_threads(engine.width)),
+            "isolates": engine.isolates,
+            "in_service": engine.in_service,
+            "notes": list(engine.notes),
+        }
+
+    async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
+        engine = self.engine
+        try:
+            task = engine.check_task(task)
+        except TaskError as exc:
+            raise RpcError(str(exc)) from None
+        deadline = time.monotonic() + engine.timeouts.wait_slot
+        async with self._slot_changed:
+            while True:
+                if engine.broken:
+                    raise RpcError(f"bridge is broken: {engine.broken_reason}; the pool will replace it")
+                if engine.can_claim():
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RpcError(
+                        f"no slot of {engine.width} became free within "
+                        f"{engine.timeouts.wait_slot:.0f} s; raise --hud-width or release tokens"
+                    )
+                try:
+                    await asyncio.wait_for(self._slot_changed.wait(), remaining)
+                except TimeoutError:
+                    continue
+            slot = engine.claim(conn.id, task)
+        if engine.wave:
+            await self._join_wave(slot)
+        # the seed (drawn here when the claim gave none) and task the episode runs: its record's
+        return {"token": slot.token, "slot": slot.index, "prompt": slot.prompt, "seed": slot.seed,
+                "task": slot.task.get("task")}
+
+    async def _join_wave(self, slot: Slot) -> None:
+        """Wave fallback: wait for the next global reset, which gathers every pending claim."""
+        if self._wave_task is None or self._wave_task.done():
+            self._wave_task = asyncio.ensure_future(self._run_wave())
+        await asyncio.shield(self._wave_task)
+        if slot.first_obs is None:
+            raise RpcError(f"slot {slot.index} missed its wave reset: {slot.error}")
+
+    async def _run_wave(self) -> None:
+        await asyncio.sleep(self._wave_gather_s)
+        async with self._sim_gate:
+            plan = self.engine.plan_wave()
+            if plan is None:
+                return
+            try:
+                await self._reset(plan)
+            except SimFailed as failure:
+                async with self._slot_changed:
+                    self._slot_changed.notify_all()  # claims waiting for the next wave hear it is broken
+                raise RpcError(str(failure)) from None
+
+    async def _reset(self, plan: ResetPlan) -> None:
+        """Run ``plan`` on the main thread. A sim exception breaks the bridge (raises :class:`SimFailed`;
+        every LIVE episode hears it at once); where the sim isolates its slots, only the slots whose
+        envs raised fail (raises :class:`SimFailed` when the slot of ``plan`` is one of them)."""
+        engine = self.engine
+        try:
+            flags, rows, faults = await self._sim_call(
+                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options, plan.tasks, plan.rebuild
+            )
+        except Exception:
+            failure, ended = engine.reset_failed(plan, _explain(traceback.format_exc()))
+            self._tell(ended)
+            raise failure from None
+        if not faults:
+            for i in plan.rebuild:
+                engine.rebuilt(i, None)
+            engine.apply_reset(plan, flags, rows)
+            return
+        if not engine.isolates:  # a sim that says it isolates slots but does not: broken, as above
+            failure, ended = engine.reset_failed(plan, _explain("\n".join(faults.values())))
+            self._tell(ended)
+            raise failure
+        for i in plan.rebuild:  # a rebuild that raised retires its slot
+            engine.rebuilt(i, faults.get(i))
+        failed = dict(engine.faulted([(s, s.token) for s in plan.slots], faults, "reset", faults.intact))
+        keep = [n for n, i in enumerate(plan.indices) if i not in faults]
+        if keep:
+            kept = ResetPlan([plan.slots[n] for n in keep], [plan.indices[n] for n in keep],
+                             [plan.seeds[n] for n in keep], [plan.options[n] for n in keep],
+                             None if plan.tasks is None else [plan.tasks[n] for n in keep])
+            engine.apply_reset(kept, [flags[n] for n in keep], {k: v[keep] for k, v in rows.items()})
+        self._rebuild_soon()
+        if failed:
+            raise next(iter(failed.values()))
+
+    def _tell(self, failed: list[tuple[int, SlotFailure]]) -> None:
+        """Send each ``(slot index, failure)`` to that slot's agent now."""
+        for i, failure in failed:
+            conn = self._sockets.get(i)
+            if conn is not None:
+                _fail(conn, failure)
+
+    def _rebuild_soon(self) -> None:
+        """Rebuild the envs that raised (on the main thread, in turn with resets and steps)."""
+        if self._rebuild_task is None or self._rebuild_task.done():
+            self._rebuild_task = asyncio.ensure_future(self._rebuild())
+
+    async def _rebuild(self) -> None:
+        async with self._sim_gate:
+            for i in self.engine.to_rebuild():
+                try:
+                    await self._sim_call(self.sim.rebuild_slot, i)
+                except Exception:  # noqa: BLE001 - the slot is retired; the others go on
+                    self.engine.rebuilt(i, traceback.format_exc())
+                else:
+                    self.engine.rebuilt(i, None)
+        async with self._slot_changed:
+            self._slot_changed.notify_all()  # claims waiting for a slot: one may be back in service
+
+    def _owned(self, conn: Any, token: Any) -> Slot:
+        try:
+            return self.engine.owned(conn.id, token)
+        except SlotError as exc:
+            raise RpcError(str(exc)) from None
+
+    async def _rpc_result(self, conn: Any, token: Any) -> dict[str, Any]:
+        slot = self._owned(conn, token)
+        result = self.engine.grade(slot)
+        await self._free(slot, "episode graded")
+        return result
+
+    async def _rpc_release(self, conn: Any, token: Any) -> dict[str, Any]:
+        slot = self._owned(conn, token)
+        await self._free(slot, "token released")
+        return {"released": True, "slot": slot.index}
+
+    async def _on_control_close(self, conn: Any) -> None:
+        for slot in self.engine.owned_by(conn.id):
+            await self._free(slot, "the control connection that claimed this slot closed")
+
+    async def _free(self, slot: Slot, why: str) -> None:
+        ws = self._sockets.pop(slot.index, None)
+        awaiting = slot.state is SlotState.LIVE and slot.pending_action is not None
+        failure = self.engine.release(slot, why)
+        if ws is not None:  # an agent waiting for an observation reads why, as a text frame
+            if awaiting:
+                _fail(ws, failure)
+            else:
+                ws.close(1000, _close_reason(why))
+        async with self._slot_changed:
+            self._slot_changed.notify_all()
+        self._maybe_tick()  # a released slot may have been the one the tick waited for
+
+    # ------------------------------------------------------------- websocket
+    # The slot sockets are callbacks from :mod:`.wsserver`: a message is handled in the loop
+    # iteration that read it, and the per-step path (an action in, the tick, the observations
+    # out) runs no task and awaits nothing but the sim call itself.
+    def ws_open(self, conn: WsConnection) -> None:
+        conn.send(self._metadata)
+        peer = _Peer(self.engine.open(time.monotonic()))
+        conn.data = peer
+        self._handshakes[peer.handshake] = conn
+        self._arm_deadline()  # its claim clock
+
+    def ws_message(self, conn: WsConnection, raw: bytes | str) -> None:
+        peer: _Peer = conn.data
+        if peer.done:
+            return
+        if peer.slot is None:
+            self._on_claim(conn, peer, raw)
+        elif peer.binding:
+            peer.early.append(raw)  # sent before its first observation: read once the slot starts
+        else:
+            self._on_action(conn, peer, raw)
+
+    def ws_closed(self, conn: WsConnection) -> None:
+        peer: _Peer | None = conn.data
+        if peer is None:
+            return
+        peer.closed = True
+        if self._handshakes.pop(peer.handshake, None) is not None:
+            self.engine.hang_up(peer.handshake)
+        if peer.binding:
+            return  # the slot's reset is running: _start_slot settles it
+        slot = peer.slot
+        if slot is not None and self._sockets.get(slot.index) is conn:
+            self._sockets.pop(slot.index, None)
+            self.engine.disconnect(slot, clean=conn.close_rcvd in (1000, 1001))
+            self._maybe_tick()
+
+    def _end_conn(self, conn: WsConnection, peer: _Peer, failure: SlotFailure | None = None) -> None:
+        """This connection's part is over: a readable error first if there is one, then close."""
+        peer.done = True
+        if failure is not None:
+            _fail(conn, failure)
+        else:
+            conn.close(1000)
+
+    def _on_claim(self, conn: WsConnection, peer: _Peer, raw: bytes | str) -> None:
+        self._handshakes.pop(peer.handshake, None)
+        try:
+            if isinstance(raw, str):
+                raise BadClaim("the claim frame must be binary msgpack {'claim': TOKEN}")
+            try:
+                claim = unpackb(raw)
+            except WireError as exc:
+                raise BadClaim(str(exc)) from None
+            slot = self.engine.bind(peer.handshake, claim)
+        except SlotFailure as failure:
+            self._end_conn(conn, peer, failure)
+            return
+        peer.slot, peer.token = slot, slot.token
+        self._sockets[slot.index] = conn
+        if self.engine.wave:
+            self._start_slot(conn, peer)
+        else:  # per-slot reset, with the claim's seed, now that its agent is here
+            peer.binding = True
+            asyncio.ensure_future(self._reset_then_start(conn, peer))
+
+    async def _reset_then_start(self, conn: WsConnection, peer: _Peer) -> None:
+        try:
+            async with self._sim_gate:
+                await self._reset(self.engine.plan_reset([peer.slot]))  # type: ignore[list-item]
+        except SimFailed as failure:
+            peer.binding = False
+            self._end_conn(conn, peer, failure)
+            if peer.closed:
+                self.ws_closed(conn)
+            return
+        # still ``binding`` while held: a hang-up or early frame waits for _start_slot, as during the reset
+        self._held.append((conn, peer))
+        waiting = sum(1 for _, p in self._held if not p.closed and p.slot is not None and p.slot.token == p.token)
+        if self.engine.starts_now(waiting):
+            self._start_held()
+        elif self._held_timer is None:
+            self._held_timer = asyncio.get_running_loop().call_later(self._start_window, self._start_held)
+
+    def _start_held(self) -> None:
+        """Start every held episode: they and the LIVE ones are enough, or the window ran out."""
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        held, self._held = self._held, []
+        for conn, peer in held:
+            peer.binding = False
+            self._start_slot(conn, peer)
+
+    def _start_slot(self, conn: WsConnection, peer: _Peer) -> None:
+        slot = peer.slot
+        assert slot is not None
+        if slot.token != peer.token:
+            self._end_conn(conn, peer)  # released while it reset: _free has told the agent
+            return
+        try:
+            frame = self.engine.start(slot, time.monotonic())
+        except SlotFailure as failure:  # no first observation, or the bridge broke during its reset
+            self._end_conn(conn, peer, failure)
+            return
+        if peer.closed:  # the agent hung up during its reset
+            self.ws_closed(conn)
+            return
+        self._arm_deadline()  # its first-action clock
+        conn.send(packb(frame))
+        early, peer.early = peer.early, []
+        for raw in early:
+            self.ws_message(conn, raw)
+
+    def _on_action(self, conn: WsConnection, peer: _Peer, raw: bytes | str) -> None:
+        """One action frame, on the per-step path: queue it, and run the tick if it was the last."""
+        slot = peer.slot
+        engine = self.engine
+        if slot.token != peer.token:  # type: ignore[union-attr]
+            self._end_conn(conn, peer)  # released: _free has closed the socket
+            return
+        if slot.state is not SlotState.LIVE:  # type: ignore[union-attr]
+            # the episode is over: tell a late frame why; a failed slot is told by whoever failed it
+            self._end_conn(conn, peer, engine.late_frame(slot) if slot.failure is None else None)  # type: ignore
+            return
+        now = time.monotonic()
+        try:
+            if isinstance(raw, str):
+                raise WireError("action frames must be binary msgpack, not text")
+            if slot.pending_action is not None:  # type: ignore[union-attr]
+                raise WireError("an action arrived before the observation of the previous one; "
+                                "send one action per observation")
+            engine.submit_action(slot, unpack_action(raw), now)  # type: ignore[arg-type]
+        except (WireError, BadAction) as exc:
+            failure = exc if isinstance(exc, BadAction) else engine.refuse_action(slot, str(exc))  # type: ignore
+            self._maybe_tick()
+            self._end_conn(conn, peer, failure)
+            return
+        if engine.lane_slots:
+            self._tick_lane(engine.lanes[slot.index])  # type: ignore[union-attr, index]
+        elif not self._ticking:
+            if engine.ready_to_step(now):
+                self._tick_start()  # the last slot to act starts the tick itself
+            else:
+                self._arm_window()
+
+    # -------------------------------------------------------------- deadlines
+    def _arm_deadline(self) -> None:
+        """Keep one timer at the earliest deadline of any LIVE slot or unclaimed socket."""
+        due = min((s.deadline for s in self.engine.slots if s.deadline is not None), default=None)
+        for hs in self._handshakes:
+            if hs.deadline is not None and (due is None or hs.deadline < due):
+                due = hs.deadline
+        if due is None or (self._deadline is not None and self._deadline[0] <= due):
+            return
+        if self._deadline is not None:
+            self._deadline[1].cancel()
+        delay = max(0.0, due - time.monotonic())
+        self._deadline = (due, asyncio.get_running_loop().call_later(delay, self._deadline_passed))
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        self._expire()
+        self._arm_deadline()
+
+    def _expire(self) -> None:
+        """Fail every slot and handshake past its deadline; a failed slot no longer holds its peers."""
+        for late, failure in self.engine.expire(time.monotonic()):
+            if isinstance(late, Slot):
+                conn = self._sockets.get(late.index)
+                if conn is not None:
+                    _fail(conn, failure)
+            else:
+                conn = self._handshakes.pop(late, None)
+                if conn is not None:
+                    self._end_conn(conn, conn.data, failure)
+        self._maybe_tick()
+
+    # ------------------------------------------------------------------ tick
+    def _maybe_tick(self) -> None:
+        if self.engine.lane_slots:
+            for lane in self.engine.lane_slots:
+                self._tick_lane(lane)
+            return
+        if self._ticking:
+            return
+        if self.engine.ready_to_step(time.monotonic()):
+            self._tick_start()
+        else:
+            self._arm_window()
+
+    def _arm_window(self) -> None:
+        """Ready mode: wake up when the first pending action's tick window closes."""
+        if self._window is not None:
+            # already armed, for an action that came before any still pending (or one a tick has
+            # taken since: it wakes up early, looks, and arms the next window)
+            return
+        due = self.engine.tick_due()
+        if due is None:
+            return
+        delay = max(0.0, due - time.monotonic())
+        self._window = asyncio.get_running_loop().call_later(delay, self._window_closed)
+
+    def _window_closed(self) -> None:
+        self._window = None
+        self._maybe_tick()
+
+    def _tick_start(self) -> None:
+        """Plan a step and hand it to the sim's thread; :meth:`_tick_done` continues on its answer.
+
+        The sim gate is taken synchronously when free (the common case); a reset holding it makes
+        the tick wait in a task, in turn.
+        """
+        self._ticking = True
+        if self._sim_gate.try_take():
+            self._tick_planned()
+        else:
+            self._tick_task = asyncio.ensure_future(self._tick_when_free())
+
+    async def _tick_when_free(self) -> None:
+        try:
+            await self._sim_gate.acquire()
+        except BaseException:
+            self._ticking = False
+            raise
+        self._tick_planned()
+
+    def _tick_planned(self) -> None:
+        now = time.monotonic()
+        plan = self.engine.plan_tick(now)
+        if plan is None:
+            self._sim_gate.release()
+            self._ticking = False
+            return
+        self._step_started = now
+        if not self._ticked_from:
+            self._ticked_from = now
+        self._call(self._tick_done, plan, _park_step_observe, self.sim, plan.park, plan.actions, plan.mask)
+
+    def _tick_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
+        self._ticked_until = time.monotonic()
+        self.step_s += self._ticked_until - self._step_started
+        try:
+            self._deliver(plan, result, error)
+        finally:
+            self._sim_gate.release()
+            self._ticking = False
+        self._arm_deadline()
+        self._maybe_tick()
+
+    def _deliver(self, plan: Any, result: Any, error: BaseException | None) -> None:
+        """A step's outcome to its slots: each one's observation frame, or the sim's failure."""
+        engine = self.engine
+        if error is None and result[2] and not engine.isolates:
+            error = RuntimeError("\n".join(result[2].values()))  # said it isolates slots, but cannot
+        if error is not None:
+            why = _explain("".join(traceback.format_exception(error)))
+            self._tell(engine.step_failed(plan, why))
+            return
+        batch, obs, faults = result
+        if faults:  # only those slots' episodes fail; the others get their frames as usual
+            self._tell(engine.faulted([(s, token) for s, token, _ in plan.acting], faults, "step", faults.intact))
+            plan.acting = [entry for entry in plan.acting if entry[0].index not in faults]
+            self._rebuild_soon()
+        # packed before the gate opens: ``obs`` may be the sim's own buffers, which its next call reuses
+        sockets = self._sockets
+        for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic(), rows_packer):
+            conn = sockets.get(i)
+            if conn is not None:
+                conn.send(frame)
+
+    # ------------------------------------------------------------- lanes mode
+    # Each lane's step is begun on the sim's thread (the actions go down its process's pipe), its
+    # pipe is watched by the loop, and its answer is read on the sim's thread once there: steps of
+    # several lanes are under way at once. A reset takes the sim gate whole, so it waits for the
+    # steps under way and no lane starts another until it is done (then ``on_free`` ticks again).
+    def _tick_lane(self, lane: int) -> None:
+        if lane in self._lanes_busy:
+            return
+        plan = self.engine.plan_lane(lane)
+        if plan is None or not self._sim_gate.try_share():
+            return
+        self._lanes_busy.add(lane)
+        if not self._ticked_from:
+            self._ticked_from = time.monotonic()
+        self._call(self._lane_sent, plan, self.sim.lane_begin, lane, plan.actions, plan.mask)  # type: ignore[attr-defined]
+
+    def _lane_sent(self, plan: Any, result: Any, error: BaseException | None) -> None:
+        if error is not None:
+            self._lane_done(plan, None, error)
+            return
+        plan.started = time.monotonic()  # (the step's time: step_s)
+        fd = self.sim.lane_fileno(plan.lane)  # type: ignore[attr-defined]
+        asyncio.get_running_loop().add_reader(fd, self._lane_readable, plan, fd)
+
+    def _lane_readable(self, plan: Any, fd: int) -> None:
+        asyncio.get_running_loop().remove_reader(fd)
+        os.set_blocking(fd, True)  # uvloop's reader made it non-blocking; the pipe's reads and writes block
+        self._call(self._lane_done, plan, _lane_end, self.sim, plan.lane)
+
+    def _lane_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
+        self._ticked_until = time.monotonic()
+        self.step_s += self._ticked_until - (plan.started or self._ticked_until)
+        try:
+            if error is not None or not self.engine.broken:  # (another lane's step broke it meanwhile: dropped)
+                self._deliver(plan, result, error)
+        finally:
+            self._lanes_busy.discard(plan.lane)
+            self._sim_gate.release_share()
+        self._arm_deadline()
+        self._maybe_tick()
+
+    def _call(self, callback: Callable[..., None], plan: Any, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the sim's thread, then ``callback(plan, result, error)`` on the loop."""
+        self._call_to(asyncio.get_running_loop(), lambda result, error: callback(plan, result, error), fn, *args)
+
+
+class _Peer:
+    """What the bridge knows of one slot WebSocket."""
+
+    __slots__ = ("binding", "closed", "done", "early", "handshake", "slot", "token")
+
+    def __init__(self, handshake: Handshake) -> None:
+        self.handshake = handshake
+        self.slot: Slot | None = None
+        self.token: str | None = None
+        self.binding = False  # its slot's reset runs; frames that arrive meanwhile wait in ``early``
+        self.early: list[bytes | str] = []
+        self.done = False  # this connection's part is over (an error sent, or the episode ended)
+        self.closed = False
+
+
+class _SimGate:
+    """One sim call sequence at a time, in arrival order (what ``asyncio.Lock`` does), plus
+    :meth:`try_take` for the tick's synchronous path.
+
+    Lanes mode: lane steps *share* the gate (:meth:`try_share`, :meth:`release_share`), any number
+    at once, while nobody holds it or waits for it whole; a holder waits until the shares are
+    back. ``on_free`` is called when the gate becomes free after a whole hold, so that lanes whose
+    actions came in meanwhile start.
+    """
+
+    def __init__(self, on_free: Callable[[], None] | None = None) -> None:
+        self._busy = False
+        self._shares = 0
+        self._waiters: deque[asyncio.Future] = deque()
+        self._on_free = on_free
+
+    def try_take(self) -> bool:
+        if self._busy or self._shares:
+            return False
+        self._busy = True
+        return True
+
+    def try_share(self) -> bool:
+        if self._busy or self._waiters:
+            return False
+        self._shares += 1
+        return True
+
+    def release_share(self) -> None:
+        self._shares -= 1
+        if not self._shares:
+            self._hand_over()
+
+    async def acquire(self) -> None:
+        if self.try_take():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # it was handed over just as this caller gave up: pass it on
+            raise
+
+    def release(self) -> None:
+        self._busy = False
+        self._hand_over()
+        if not self._busy and self._on_free is not None:
+            self._on_free()
+
+    def _hand_over(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._busy = True
+                waiter.set_result(None)  # busy again: handed to that waiter
+                return
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ----------------------------------------------------------- main-thread work
+def _reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None, rebuild=()):
+    """Reset slots ``idx`` (after rebuilding the envs of ``rebuild``); returns their success flags
+    at reset, their observation rows, and ``{slot: traceback}`` for slots whose envs raised."""
+    faults = FaultLog()
+    for i in rebuild:
+        try:
+            sim.rebuild_slot(i)
+        except Exception:  # noqa: BLE001 - that slot's claim fails, the others reset
+            faults[i] = traceback.format_exc()
+    live = [n for n, i in enumerate(idx) if i not in faults]
+    flags = np.zeros(len(idx), bool)
+    if live:
+        idx_, seeds_, options_ = [idx[n] for n in live], [seeds[n] for n in live], [options[n] for n in live]
+        if tasks is not None:  # a multi-task sim takes each slot's task (and options) itself
+            got = faults.call(sim.reset_slots, idx_, seeds_, options_, tasks=[tasks[n] for n in live])
+        elif len({json.dumps(o, sort_keys=True, default=str) for o in options_}) > 1:
+            # options differ: one reset call per slot keeps each slot's options its own
+            got = np.concatenate([faults.call(sim.reset_slots, [i], [s], [o])
+                                  for i, s, o in zip(idx_, seeds_, options_)])
+        else:
+            got = faults.call(sim.reset_slots, idx_, seeds_, options_)
+        flags[live] = np.asarray(got, bool)
+    return flags, {k: v[idx] for k, v in sim.observe().items()}, faults  # fancy indexing copies the rows
+
+
+def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask: np.ndarray | None = None):
+    """Park finished slots, step (``mask``: only those slots), observe; slot faults ride along."""
+    faults = FaultLog()
+    if park:
+        if getattr(sim, "tasks", ()):  # a None task: the episode is over, idle until the next claim
+            faults.call(sim.reset_slots, park, [None] * len(park), [None] * len(park), tasks=[None] * len(park))
+        else:
+            faults.call(sim.reset_slots, park, [None] * len(park), [None] * len(park))
+        if faults:  # a parked env that raised is not stepped: it is rebuilt
+            mask = np.ones(sim.width, bool) if mask is None else mask.copy()
+            mask[list(faults)] = False
+    batch = faults.call(sim.step, actions) if mask is None else faults.call(sim.step_slots, actions, mask)
+    return batch, sim.observe(), faults
+
+
+def _lane_end(sim: VectorSim, lane: int):
+    """A lane's step (:meth:`ProcessSim.lane_end`), its slot faults riding along."""
+    faults = FaultLog()
+    batch, obs = faults.call(sim.lane_end, lane)  # type: ignore[attr-defined]
+    return batch, obs, faults
+
+
+_OWN_LOOP = ("cannot be called from a running event loop", "This event loop is already running")
+
+
+def _explain(trace: str) -> str:
+    """A sim's traceback, with the fix named on its last line when the fix is the bridge's layout:
+    a sim that runs an asyncio loop of its own inside a call cannot share a thread with the
+    serving loop."""
+    lines = trace.rstrip().splitlines()
+    if lines and any(marker in lines[-1] for marker in _OWN_LOOP):
+        lines[-1] += ("; this sim runs an asyncio event loop of its own, so serve it with its sockets "
+                      "on another thread: --hud-io-thread (bridge: --io-thread)")
+    return "\n".join(lines)
+
+
+def _fail(conn: WsConnection, failure: SlotFailure) -> None:
+    """Send a readable error as a text frame, then close (DESIGN §4)."""
+    message = str(failure)
+    conn.send(message)
+    conn.close(close_code(failure), _close_reason(message))
+
+
+def _close_reason(message: str) -> str:
+    """The start of ``message`` that fits a close frame: 123 bytes of UTF-8, not 123 characters."""
+    return message.encode(errors="replace")[:123].decode(errors="ignore")

@@ -1,0 +1,88 @@
+"""What one bridge slot is: its state, its claim, its episode's tallies and its grade.
+
+A plain record; every rule about how slots change lives in :mod:`.engine`. Life of a slot::
+
+    FREE --claim(token)--> CLAIMED --agent binds, slot reset--> LIVE --terminated--> DONE
+      ^                       |                                   |                  |
+      +---- release / result / owner connection closed -----------+------------------+
+
+A CLAIMED slot is never stepped on its episode's behalf: it is reset (with the claim's seed) only
+when its agent binds, so whatever hold-steps happened before cannot leak into the episode.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pytest_hud.bridge.failures import SlotFailure
+
+__all__ = ["Slot", "SlotState"]
+
+
+class SlotState(enum.Enum):
+    FREE = "free"
+    CLAIMED = "claimed"  # token minted, agent not bound yet
+    LIVE = "live"  # agent bound, episode running
+    DONE = "done"  # episode over (terminated, truncated or failed); awaiting result/release
+
+
+@dataclass(eq=False)
+class Slot:
+    index: int
+    state: SlotState = SlotState.FREE
+    token: str | None = None
+    owner: int | None = None  # control connection id that minted the token
+    task: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+    prompt: str | None = None
+    # episode tallies
+    steps: int = 0
+    total_reward: float = 0.0
+    success: bool = False
+    success_at_reset: bool = False
+    score: float | None = None
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None
+    failure: SlotFailure | None = None  # what ended the episode, for the agent (first one wins)
+    # tick bookkeeping
+    connected: bool = False
+    pending_action: Any = None
+    acted_at: float = 0.0  # when pending_action arrived: opens ready mode's tick window
+    last_action: Any = None  # kept across episodes: the "repeat" hold for a free slot
+    needs_park_reset: bool = False  # finished sub-env must be reset before the next step
+    last_task: str | None = None  # the task of its latest claim (multi-task sims): kept across episodes
+    first_obs: dict[str, np.ndarray] | None = None
+    deadline: float | None = None  # when a LIVE slot waiting for its agent's action is late
+    awaiting: str = "first action"
+    # kept across episodes: faults of its env (sims that isolate slots) and why it is out of service
+    faults: int = 0
+    service: str | None = None  # None: in service; "rebuild": its env raised; "retired: ...": for good
+
+    def clear_episode(self) -> None:
+        self.task, self.seed, self.options, self.prompt = {}, None, None, None
+        self.steps, self.total_reward, self.score = 0, 0.0, None
+        self.success = self.success_at_reset = self.terminated = self.truncated = False
+        self.error, self.failure, self.pending_action, self.connected = None, None, None, False
+        self.deadline, self.awaiting = None, "first action"
+
+    def result(self) -> dict[str, Any]:
+        """The episode's grade as builtin types (what ``result(token)`` returns)."""
+        score = self.score if self.score is not None else (1.0 if self.success else 0.0)
+        return {
+            "slot": self.index,
+            "seed": self.seed,
+            "success": bool(self.success),
+            "success_at_reset": bool(self.success_at_reset),
+            "score": float(min(1.0, max(0.0, score))),
+            "total_reward": float(self.total_reward),
+            "steps": int(self.steps),
+            "terminated": bool(self.terminated),
+            "truncated": bool(self.truncated),
+            "error": self.error,
+        }

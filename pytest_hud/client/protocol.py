@@ -1,0 +1,142 @@
+"""What a worker says to a bridge, and how it reads the answers, without I/O.
+
+The blocking and asyncio clients in :mod:`pytest_hud.client.bridge` share everything here, so the wording
+of every error a worker can see from a bridge lives in one place:
+
+- control channel: ``reset`` replies become :class:`Claim`; RPC failures become :class:`BridgeError`;
+- slot WebSocket (openpi/0): the claim frame, action frames, and reading metadata and observation
+  frames (a text frame is the bridge's own error message; anything but a map is refused);
+- a slot connection that closes: the bridge's last error frame if one is buffered, else a
+  "closed without an error frame" error (a client fails fast, never hangs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed
+
+from pytest_hud.core.contract import Contract
+from pytest_hud.wire.jsonrpc import RpcError
+from pytest_hud.wire.codec import (
+    FrameLayout, NotAMapError, TextFrameError, WireError, pack_action, packb, unpack_map,
+)
+
+__all__ = [
+    "BridgeError",
+    "Claim",
+    "ObservationReader",
+    "action_frame",
+    "claim_frame",
+    "closed_error",
+    "control_error",
+    "read_claim",
+    "read_contract",
+    "read_frame",
+    "send_error",
+]
+
+
+class BridgeError(RuntimeError):
+    """The bridge refused something, failed the slot, or went away. The message says which."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claimed slot: its token (for the WebSocket claim frame), index and prompt, and the seed and
+    task its episode runs (the bridge draws a seed for a claim that gave none)."""
+
+    token: str
+    slot: int
+    prompt: str | None = None
+    seed: int | None = None
+    task: str | None = None
+
+
+# ------------------------------------------------------------ control channel
+def control_error(exc: RpcError) -> BridgeError:
+    """The bridge's RPC error as the worker sees it (the bridge's own message, unprefixed)."""
+    return BridgeError(exc.message)
+
+
+def read_claim(reply: Any) -> Claim:
+    """``reset``'s reply (``{"token", "slot", "prompt", "seed", "task"}``) as a :class:`Claim`."""
+    try:
+        seed = reply.get("seed")
+        return Claim(reply["token"], int(reply["slot"]), reply.get("prompt"),
+                     None if seed is None else int(seed), reply.get("task"))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise BridgeError(
+            f"bridge answered reset() with {reply!r}; expected a map with token, slot and prompt"
+        ) from None
+
+
+def read_contract(reply: Any) -> Contract:
+    """``contract``'s reply as a :class:`~pytest_hud.core.contract.Contract`."""
+    return Contract.from_dict(reply)
+
+
+# ------------------------------------------------------------ slot WebSocket
+def claim_frame(token: str | None) -> bytes:
+    """The frame that binds a slot connection to a claim (None: the only claimed slot)."""
+    return packb({"claim": token})
+
+
+#: One action ``[A]`` as the frame the bridge steps with (no wrapper: a slot sends one every step).
+action_frame = pack_action
+
+
+def read_frame(raw: bytes | str, what: str) -> dict[str, Any]:
+    """A metadata or observation frame; ``what`` names it in the error."""
+    try:
+        return unpack_map(raw)
+    except TextFrameError as exc:
+        raise BridgeError(exc.text) from None  # the bridge's readable error, as it wrote it
+    except NotAMapError as exc:
+        raise BridgeError(f"bridge sent a {exc.got} as {what}, expected a map") from None
+    except WireError as exc:
+        raise BridgeError(f"bridge sent an undecodable {what}: {exc}") from None
+
+
+class ObservationReader:
+    """:func:`read_frame` for one slot's observation frames, step after step: the frames' layout is
+    learned from one decoded the usual way, and later frames with that layout are read in place
+    (:class:`~pytest_hud.wire.codec.FrameLayout`); any other frame is read the usual way."""
+
+    __slots__ = ("layout", "misses")
+
+    def __init__(self) -> None:
+        self.layout: FrameLayout | None = None
+        self.misses = 0  # frames that had no layout to learn: after a few, stop trying
+
+    def __call__(self, raw: bytes | str) -> dict[str, Any]:
+        layout = self.layout
+        if layout is not None:
+            frame = layout.read(raw)
+            if frame is not None:
+                return frame
+        frame = read_frame(raw, "observation")
+        if self.misses < 8:
+            self.layout = FrameLayout.learn(raw, frame)
+            self.misses += self.layout is None
+        return frame
+
+
+def closed_error(exc: ConnectionClosed) -> BridgeError:
+    """The slot connection closed with no error frame before it."""
+    rcvd = exc.rcvd
+    detail = f" (code {rcvd.code}: {rcvd.reason})" if rcvd is not None and rcvd.reason else ""
+    return BridgeError(f"bridge closed the slot connection without an error frame{detail}")
+
+
+def send_error(exc: ConnectionClosed, late: bytes | str | None) -> BridgeError:
+    """An action could not be sent because the connection closed.
+
+    The bridge fails a slot by sending a text frame and closing, and that may happen just before
+    our send: ``late`` is whatever message was still buffered (None if nothing was), and its text
+    is the real reason.
+    """
+    if isinstance(late, str):
+        return BridgeError(late)
+    return closed_error(exc)

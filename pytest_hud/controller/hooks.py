@@ -1,0 +1,502 @@
+"""The controller: owns the run's bridges, its pool service, its books and its results file.
+
+One :class:`HudController` per run, in the xdist controller (or the only process under ``-n 0``),
+created by the plugin once the run uses pytest-hud and stopped in ``pytest_unconfigure``. It wires
+the pieces cut by role, as pytest-xdist cuts ``dsession``/``workermanage``:
+
+- :class:`~pytest_hud.controller.ledger.Ledger` (pure): declared episodes, records, coverage, sequential tests,
+  verdicts;
+- :class:`~pytest_hud.controller.pool.SimPool` and :class:`~pytest_hud.controller.pool.PoolService`: bridges and the
+  loopback service workers ask for them;
+- :class:`~pytest_hud.core.results.ResultsWriter`: one fsynced line per episode, opened on the first;
+- the reports: terminal (:mod:`~pytest_hud.report.terminal`), JUnit (:mod:`~pytest_hud.report.junit`),
+  ``$GITHUB_STEP_SUMMARY`` and HTML (:mod:`~pytest_hud.report`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_hud.controller.inputs import RunInputs
+from pytest_hud.controller.ledger import Ledger
+from pytest_hud.controller.provenance import PolicyHashes, provenance
+from pytest_hud.core.specs import portable_spec
+from pytest_hud.core.results import EpisodeRecord, ResultsWriter
+from pytest_hud.core.settings import HudSettings
+
+__all__ = ["HudController", "results_paths"]
+
+
+class HudController:
+    """Controller-side state of a run; a pytest plugin object (its hooks are the controller's)."""
+
+    def __init__(self, config: pytest.Config, settings: HudSettings, inputs: RunInputs,
+                 secret: str | None = None) -> None:
+        from pytest_hud.client.bridge import BridgeAddress
+        from pytest_hud.controller.pool import BridgeSpec, PoolService, SimPool
+
+        self.config = config
+        self.settings = settings
+        self.workers = settings.workers
+        self.width = settings.slots
+        self.secret = secret or secrets.token_hex(16)
+        self.run_id = secrets.token_hex(8)
+        self.started = time.monotonic()
+        self.ledger = Ledger(inputs.gate_config, inputs.baseline, inputs.resumable,
+                             sequential=settings.sequential, gated_by_file=bool(settings.gate))
+        self.verdicts: list[Any] | None = None
+        self.other_failures = 0
+        self.usage_error: str | None = None  # a declaration the run cannot gate: nothing runs, nothing is written
+        self.baseline_note: str | None = None  # where the results went when they are the baseline too
+        self._last_progress = time.monotonic()
+        self.recording: dict[str, Any] | None = None
+
+        # Everything above only read; from here on the run has side effects (all inputs are valid).
+        self._lock = threading.Lock()
+        self._writer_lock = threading.Lock()
+        rootdir = str(config.rootpath)
+        invocation = str(config.invocation_params.dir)
+        attach = BridgeAddress.from_announce(settings.sim_url) if settings.sim_url else None
+        timeouts = settings.timeouts
+        spec = BridgeSpec(
+            width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
+            first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
+            vectorization=settings.vectorization, tick=settings.tick, tick_window=settings.tick_window,
+            batched_policy=settings.policy_server,
+            io_thread=settings.io_thread,
+            cwd=invocation,
+            python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
+        )
+        self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach,
+                            launcher=_launcher(settings, spec), policy_replicas=settings.policy_replicas)
+        self.service_host = "127.0.0.1"
+        self.service = PoolService(self.pool, self.secret, self.service_host,
+                                   extra_methods={"declare": self._declare, "sequential": self._sequential,
+                                                  "resume_lookup": self._resume_lookup,
+                                                  "policy_hash": self._policy_hash})
+        self.provenance = provenance(settings, config.rootpath, list(config.invocation_params.args))
+        self.policy_hashes = PolicyHashes()  # each policy's content hash, once per run, off the workers' cores
+        self._policy_files = None
+        if settings.policy:
+            from pytest_hud.agent.model import policy_files
+
+            self._policy_files = policy_files(settings.policy)
+            self.policy_hashes.start(settings.policy, self._policy_files)
+        self._old_sigterm = _sigterm_as_interrupt()
+        self.results_path: Path | None = None
+        self.baseline_path: Path | None = None  # set when the results file is the baseline too
+        if settings.results:
+            self.results_path = config.invocation_params.dir / settings.results
+            self.results_path, self.baseline_path = results_paths(self.results_path, settings.baseline,
+                                                                  config.invocation_params.dir)
+        self.writer: ResultsWriter | None = None  # opened with the first record: a run of nothing writes nothing
+
+    # ------------------------------------------------------------ plumbing
+    @property
+    def records(self) -> dict[str, EpisodeRecord]:
+        return self.ledger.records
+
+    def _write(self) -> ResultsWriter | None:
+        """The results file's writer, opened on first use (appending when resuming into the same file).
+
+        Its header lists the episodes the run declared, so it is opened once they are known (by
+        the first declaration, on a thread of its own: the header waits for the policy's hash).
+        """
+        with self._writer_lock:
+            if self.writer is None and self.results_path is not None and self.usage_error is None:
+                self.provenance["policy_hash"] = self.policy_hashes.get(self.settings.policy, self._policy_files)
+                resume = self.settings.resume
+                resuming_here = bool(resume) and Path(resume).resolve() == self.results_path.resolve()
+                with self._lock:
+                    declared, deselected = self.ledger.declared_ids(), self.ledger.deselected_ids()
+                self.writer = ResultsWriter(self.results_path, self.provenance, self.run_id, append=resuming_here,
+                                            declared=declared, deselected=deselected)
+            return self.writer
+
+    def workerinput(self) -> dict[str, Any]:
+        """What a worker needs to reach the pool (builtin types: it crosses the xdist channel)."""
+        return {"pool_host": self.service_host, "pool_port": self.service.port, "secret": self.secret,
+                "settings": self.settings.to_dict()}
+
+    def tasks(self):
+        return self.ledger.tasks(time.monotonic() - self.started)
+
+    def coverage(self) -> dict[str, Any]:
+        return self.ledger.coverage()
+
+    def html_summary(self):
+        return self.tasks(), self.verdict_dicts(), self.coverage()
+
+    def verdict_dicts(self) -> dict[str, dict[str, Any]] | None:
+        return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}
+
+    # ------------------------------------------------- the pool service's calls
+    def _declare(self, episodes: list[dict[str, Any]], worker: int = 0,
+                 deselected: dict[str, list[str]] | None = None,
+                 shard: dict[str, Any] | None = None, policies: list[str] = (),
+                 python_path: list[str] = (), hash_policies: dict[str, list[str] | None] | None = None,
+                 sims: list[list[Any]] = (), problems: list[str] = ()) -> int:
+        self.pool.add_python_path(python_path)
+        self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
+        for target, build in sims:  # and the bridges of the sims its tests use
+            self.pool.prestart_bridge(target, build, worker)
+        for spec, files in (hash_policies or {}).items():  # every episode's record carries its policy's hash
+            self.policy_hashes.start(spec, files)
+        with self._lock:
+            first = not self.ledger.declared and self.ledger.shard is None
+            count = self.ledger.declare(episodes, deselected or {}, shard)
+            problems = list(problems)
+            if first:
+                problems += self._declaration_problems()
+            if problems and self.usage_error is None:
+                self.usage_error = "\n".join(problems)
+        if self.usage_error is not None:
+            from pytest_hud.wire.jsonrpc import RpcError
+
+            raise RpcError(self.usage_error, data={"usage_error": True})
+        with self._lock:
+            if shard is not None and "shard" not in self.provenance:
+                # Declared before any episode lands, so the results file's header carries it.
+                from pytest_hud.core.shard import suite_fingerprint
+
+                suite = self.ledger.shard["suite"]
+                self.provenance["shard"] = {
+                    "index": self.ledger.shard["index"], "count": self.ledger.shard["count"],
+                    "episodes": len(self.ledger.declared),
+                    "suite": {"episodes": sum(map(len, suite.values())), "fingerprint": suite_fingerprint(suite),
+                              "tasks": suite},
+                }
+        if first and (self.ledger.declared or self.ledger.shard is not None) and self.results_path is not None:
+            # The header (with the declared episodes) goes out before any episode runs.
+            threading.Thread(target=self._write, name="hud-results-header", daemon=True).start()
+        return count
+
+    def _declaration_problems(self) -> list[str]:
+        """What makes the declared run ungateable: gate-file floors that match none of its tasks."""
+        from pytest_hud.gate import floors_problem
+
+        problem = floors_problem(self.ledger.gate_config.floors, self.ledger.collected_tasks())
+        return [problem] if problem else []
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """A worker's declaration was refused: stop here, before any test is scheduled (exit 4)."""
+        if self.usage_error is not None:
+            raise pytest.UsageError(self.usage_error)
+
+    def prestart_at_configure(self, collect_only: bool = False) -> None:
+        """With ``--hud-policy-server`` and a LeRobot checkpoint named by ``--hud-policy`` on the
+        command line (which beats markers and ini): start its servers now, one per replica, before
+        the workers even collect, so that the server's imports and load (seconds) overlap pytest's
+        start-up. A factory waits for the declarations, which bring the import paths its module
+        needs. Without a checkpoint named, and with LeRobot installed, a standby interpreter imports
+        torch and LeRobot meanwhile (:meth:`pytest_hud.controller.pool.SimPool.warm_policy_server`). Nothing
+        starts for ``--collect-only``. A run whose tests turn out not to ask for the server (none
+        uses ``robot_agent``) leaves it idle until the run ends."""
+        spec = self.settings.policy_cli
+        if collect_only or not self.settings.policy_server:
+            return
+        from pytest_hud.agent.lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
+
+        if spec and looks_like_lerobot_checkpoint(Path(spec).expanduser()):
+            for worker in range(min(self.settings.policy_replicas, self.workers)):
+                self.prestart_policy_servers([spec], worker)  # worker i uses replica i mod replicas
+            return
+        import importlib.util
+
+        if importlib.util.find_spec("lerobot") is not None:
+            # Which policy is only known once a worker has collected (a second or more on a busy
+            # machine), but with LeRobot installed it most likely needs torch and LeRobot: a standby
+            # imports them meanwhile and becomes the first policy server started.
+            self.pool.warm_policy_server()
+
+    def prestart_policy_servers(self, specs: Iterable[str], worker: int = 0) -> None:
+        """With ``--hud-policy-server``: start the servers of ``specs`` for ``worker``'s replica now,
+        while the sims boot (:meth:`pytest_hud.controller.pool.SimPool.prestart_policy_server`)."""
+        if not self.settings.policy_server:
+            return
+        from pytest_hud.agent.model import PolicyError, policy_kind
+
+        for spec in specs:
+            try:
+                if policy_kind(spec) != "openpi":
+                    self.pool.prestart_policy_server(spec, worker)
+            except PolicyError:
+                pass  # the test that uses it reports the bad spec
+
+    def _policy_hash(self, spec: str, files: list[str] | None = None) -> str | None:
+        return self.policy_hashes.get(spec, files)
+
+    def _resume_lookup(self, task: str, episode: str, identity: dict[str, Any]) -> dict[str, Any] | None:
+        return self.ledger.resume_lookup(task, episode, identity)
+
+    def _sequential(self, task: str) -> str:
+        with self._lock:
+            return self.ledger.decision(task)
+
+    # ---------------------------------------------------------------- hooks
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
+        from pytest_hud.core.outcome import episode_teststatus
+
+        return episode_teststatus(report)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, "hud_episode", None)
+        if data:
+            worker = getattr(getattr(report, "node", None), "gateway", None)
+            record = EpisodeRecord.from_dict(data)
+            if worker is not None:
+                record.worker = worker.id
+            self._add(record)
+            return
+        if report.failed and not self.ledger.is_declared(report.nodeid):
+            self.other_failures += 1  # an ordinary test failed: the gate does not excuse that
+        if report.failed and report.when not in ("setup", "call", "teardown"):
+            # xdist's report for an item whose worker crashed mid-test ("???")
+            lines = str(report.longrepr).strip().splitlines()
+            record = self.ledger.crashed(report.nodeid, lines[0] if lines else "")
+            if record is not None:
+                self._add(record)
+                report.hud_episode = record.to_dict()  # counted as an error
+
+    def _add(self, record: EpisodeRecord) -> None:
+        if not record.reused:
+            record.finished_at = time.time()
+        with self._lock:
+            self.ledger.add(record)
+        writer = self._write()  # (takes its own lock, then the books': never the other way round)
+        if writer is not None:
+            with self._writer_lock:
+                writer.episode(record)
+        self._progress()
+
+    def _progress(self) -> None:
+        """Every few seconds, one line with each task's running success rate (controller side)."""
+        interval = self.settings.progress_interval or 0
+        now = time.monotonic()
+        if interval <= 0 or now - self._last_progress < interval:
+            return
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return
+        self._last_progress = now
+        declared = self.ledger.declared_by_task()
+        parts = []
+        for task, s in self.tasks().items():
+            rate = "-" if s.success_rate is None else f"{100 * s.success_rate:.0f}%"
+            done = s.n + s.errors + s.skipped
+            parts.append(f"{task.rsplit('::', 1)[-1]} {rate} ({done}/{declared.get(task, done)}"
+                         + (f", {s.errors} err" if s.errors else "") + ")")
+        # Start a fresh line (under xdist the dots row has no file path, so write_line alone would
+        # not) so pytest's own progress dots and percentages stay intact around ours.
+        if getattr(tr._tw, "width_of_current_line", 0):
+            tr._tw.line()
+        tr.write_line("hud progress: " + "; ".join(parts), cyan=True)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if session.config.option.collectonly or self.usage_error is not None:
+            return  # nothing ran: no verdicts, no files (and no imports racing the pool's threads)
+        from pytest_hud.gate import gate_passed
+        from pytest_hud.report.junit import add_gate_cases
+        from pytest_hud.worker.session import worker_session
+
+        in_process = worker_session(self.config)
+        if in_process is not None:
+            in_process.close_recorders()  # -n 0: this process recorded; finish before merging
+        if self.settings.record:
+            self._merge_recording()
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self._empty_shard():
+            # More shards than episodes (a SLURM array or CI matrix sized for a bigger suite): this
+            # shard has nothing of its own to run. That is not a failure; its (empty) file is written.
+            session.exitstatus = pytest.ExitCode.OK
+        self.verdicts = self.ledger.verdicts()
+        if self.verdicts is not None:
+            passed = gate_passed(self.verdicts, strict=self.settings.strict) and not self.other_failures
+            if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+                # Failed episodes are data: the gate, not single episodes, decides the run.
+                session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
+            add_gate_cases(self.config, self.verdicts, strict=self.settings.strict)
+        gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
+        if self.records or self.ledger.declared or self.ledger.shard is not None:
+            # (A shard with no episodes of its own still writes its file: the merge expects it.)
+            self._step_summary()
+            writer = self._write()
+            if writer is not None:
+                policies, sims = self.ledger.used()
+                writer.summary(self.tasks(), self.coverage(),
+                               dict(self.provenance, policies=policies, sims=self._with_bridges(sims)), gate)
+                self._settle_baseline(session.exitstatus)
+            if self.settings.html:
+                from pytest_hud.report.html import write_standalone_page
+
+                write_standalone_page(self.settings.html, self.tasks(), list(self.records.values()),
+                                      verdicts=self.verdict_dicts(), coverage=self.coverage(),
+                                      title="pytest-hud report")
+
+    def _settle_baseline(self, exitstatus: int) -> None:
+        """When the results file is the baseline too: a passing run's results become the baseline
+        (replaced atomically); any other run leaves the baseline as it was, its results beside it."""
+        if self.baseline_path is None or self.writer is None or self.results_path is None:
+            return
+        self.writer.close()
+        if exitstatus == pytest.ExitCode.OK:
+            os.replace(self.results_path, self.baseline_path)
+            self.writer.path = self.baseline_path
+            self.baseline_note = f"the run passed its gate: its results are the new baseline {self.baseline_path}"
+        else:
+            self.baseline_note = (f"the baseline {self.baseline_path} is unchanged (this run did not pass);"
+                                  f" its results are in {self.results_path}")
+
+    def _with_bridges(self, sims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each sim with how its bridges ran it (what ``auto`` chose for vectorization and ticks)."""
+        bridges = self.pool.bridges()
+        roots = [self.config.rootpath, self.config.invocation_params.dir]
+        for entry in sims:
+            ran = [{"group": b["group"], "vectorization": b["vectorization"], "tick": b["tick"]}
+                   for b in bridges
+                   if portable_spec(b["target"], roots) == entry["sim"] and b["build"] == entry["build"]]
+            if ran:
+                entry["bridges"] = ran
+        return sims
+
+    def _empty_shard(self) -> bool:
+        """A ``--hud-shard`` run of a non-empty suite whose partition gave this shard no episode."""
+        shard = self.ledger.shard
+        return shard is not None and any(shard["suite"].values()) and not self.ledger.declared
+
+    def _merge_recording(self) -> None:
+        """Merge every worker's dataset part into one LeRobot dataset (per feature set)."""
+        import warnings
+
+        from pytest_hud.recording.dataset import RecordingWarning, merge_parts
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RecordingWarning)
+            try:
+                paths = merge_parts(self.settings.record)
+            except Exception as exc:  # noqa: BLE001 - a failed merge must not hide the results
+                self.recording = {"error": f"{type(exc).__name__}: {exc}", "datasets": []}
+                return
+        datasets = []
+        for path in paths:
+            try:
+                info = json.loads((Path(path) / "meta" / "info.json").read_text())
+            except (OSError, ValueError):
+                info = {}
+            datasets.append({"path": str(path), "episodes": info.get("total_episodes"),
+                             "frames": info.get("total_frames")})
+        self.recording = {"datasets": datasets, "warnings": [str(w.message) for w in caught]}
+
+    def _step_summary(self) -> None:
+        """Append the markdown summary to $GITHUB_STEP_SUMMARY (GitHub Actions' job page)."""
+        path = os.environ.get("GITHUB_STEP_SUMMARY")
+        if not path:
+            return
+        from pytest_hud.report.markdown import summary_markdown
+
+        text = summary_markdown(self.tasks(), self.verdict_dicts(), self.coverage(), title="pytest-hud results")
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(text.rstrip() + "\n\n")
+        except OSError as exc:
+            self.config.issue_config_time_warning(pytest.PytestWarning(f"cannot write $GITHUB_STEP_SUMMARY: {exc}"), 2)
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        s = self.settings
+        where = f"attached to {s.sim_url}" if s.sim_url else self.pool.launcher.describe()
+        return [
+            f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} tick={s.tick} "
+            f"policy={s.policy or '(per test)'} ({where})",
+        ] + ([f"hud: results -> {self.results_path}"] if self.results_path else []) + (
+            [f"hud: shard {s.shard_spec} (a stable partition of the suite's episodes)"] if s.shard else [])
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if self._empty_shard():
+            terminalreporter.write_line(
+                f"hud: shard {self.settings.shard_spec} has no episodes of its own (the suite's "
+                f"{sum(map(len, self.ledger.shard['suite'].values()))} episodes went to other shards); "
+                f"its results file is written for the merge")
+        if self.usage_error is not None or (not self.records and not self.ledger.declared):
+            return
+        from pytest_hud.report.terminal import write_summary
+
+        write_summary(terminalreporter, self.tasks(), self.verdicts, self.coverage(),
+                      results=str(self.writer.path) if self.writer is not None else None,
+                      recording=self.recording, baseline=self.settings.baseline,
+                      other_failures=self.other_failures, strict=self.settings.strict,
+                      baseline_note=self.baseline_note,
+                      notes=list(self.pool.notes) + (
+                          self.pool.stepping_notes() if exitstatus != pytest.ExitCode.INTERRUPTED else []))
+
+    def stop(self) -> None:
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+        self.service.close()
+        self.pool.stop_all()
+        self.policy_hashes.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def results_paths(results: Path, baseline: str | None, here: Path) -> tuple[Path, Path | None]:
+    """Where this run writes its results, and the baseline path to replace if it passes.
+
+    When ``--hud-results`` is the ``--hud-baseline`` file (the results of the last run judge this
+    one), the run writes ``NAME.candidate.jsonl`` beside it, and only a run that passes replaces
+    the baseline: a failing checkpoint's results never become the baseline it failed against, so
+    running the failed job again fails again.
+    """
+    if baseline and (here / baseline).resolve() == results.resolve():
+        return results.with_name(f"{results.stem}.candidate{results.suffix or '.jsonl'}"), results
+    return results, None
+
+
+def _launcher(settings: HudSettings, spec: Any) -> Any:
+    """The launcher backend this run asks for: Ray (``--hud-ray``), static endpoints, or None (local)."""
+    from pytest_hud.launch.launcher import BRIDGES_ENV, POLICY_SERVERS_ENV, LaunchError, StaticLauncher
+
+    try:
+        if settings.ray:
+            from pytest_hud.launch.ray import RayLauncher  # Ray is imported here only
+
+            resources = settings.resources
+            return RayLauncher(settings.ray, bridge_resources=resources["bridge"],
+                               policy_resources=resources["policy"], lease=settings.lease, cwd=spec.cwd,
+                               python_path=spec.python_path)
+        if os.environ.get(BRIDGES_ENV) or os.environ.get(POLICY_SERVERS_ENV):
+            return StaticLauncher(cwd=spec.cwd)
+    except LaunchError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return None
+
+
+def _sigterm_as_interrupt():
+    """Make SIGTERM end the run like Ctrl-C, so teardown stops the pool and removes its secrets.
+
+    Returns the previous handler (None when not on the main thread or someone else handles it).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return None  # another tool manages SIGTERM: leave it alone
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    return previous

@@ -1,0 +1,224 @@
+"""The controller's books: declared episodes, episode records, coverage, sequential tests, verdicts.
+
+Pure (no pytest, no I/O, no threads): the controller feeds it what workers declare and what their
+reports carry, and asks it for the per-task table, the coverage line, resume matches, sequential
+decisions and the gate's verdicts. Every rule about *which* episodes count lives here, so it is
+unit-tested with plain function calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from pytest_hud.gate import (
+    COMPARED, GateConfig, Verdict, evaluate_gate, outcomes_from_records, outcomes_from_results,
+)
+from pytest_hud.core.results import EpisodeRecord, Results, TaskSummary, aggregate, to_builtin
+
+__all__ = ["Ledger"]
+
+
+class Ledger:
+    """What a run declared and what it reported, and what follows from it."""
+
+    def __init__(self, gate_config: GateConfig | None = None, baseline: Results | None = None,
+                 resumable: Mapping[tuple[str, str], EpisodeRecord] | None = None,
+                 sequential: bool = False, gated_by_file: bool = False) -> None:
+        self.gate_config = gate_config or GateConfig()
+        self.baseline = baseline
+        self.baseline_successes: dict[str, dict[str, bool]] = {}  # task -> episode -> success
+        if baseline is not None:
+            self.baseline_successes = {t: o.successes for t, o in outcomes_from_results(baseline).items()}
+        self.resumable = dict(resumable or {})
+        self.sequential = sequential
+        self.gated_by_file = gated_by_file
+        self.declared: dict[str, dict[str, Any]] = {}  # nodeid -> identity (task, episode, seed, ...)
+        self.deselected_episodes: dict[str, set[str]] = {}  # task -> episode ids deselected with -k/-m
+        self.records: dict[str, EpisodeRecord] = {}  # nodeid -> the episode's record
+        self.floors: dict[str, float] = {}  # task -> min_success from markers
+        self.shard: dict[str, Any] | None = None  # --hud-shard: {"index", "count", "suite": {task: [episodes]}}
+        self._sequential_tests: dict[str, Any] = {}
+
+    @property
+    def deselected(self) -> set[str]:
+        """The tasks ``-k``/``-m`` deselected episodes of."""
+        return set(self.deselected_episodes)
+
+    # ----------------------------------------------------------------- input
+    def declare(self, episodes: Iterable[Mapping[str, Any]],
+                deselected: Mapping[str, Iterable[str]] | Iterable[str] = (),
+                shard: Mapping[str, Any] | None = None) -> int:
+        """Episodes this run will run (after deselection); a worker may declare the same ones again.
+
+        ``deselected``: what ``-k``/``-m`` left out, as task -> episode ids (or just task names).
+        ``shard`` (``--hud-shard``): this shard's index and count and the whole suite, so that the
+        gate leaves the other shards' episodes out instead of calling them missing.
+        """
+        by_task = deselected if isinstance(deselected, Mapping) else {task: () for task in deselected}
+        for task, ids in by_task.items():
+            self.deselected_episodes.setdefault(str(task), set()).update(str(e) for e in ids)
+        if shard is not None and self.shard is None:
+            self.shard = {"index": int(shard["index"]), "count": int(shard["count"]),
+                          "suite": {str(t): [str(e) for e in eps] for t, eps in dict(shard["suite"]).items()}}
+        for ep in episodes:
+            self.declared.setdefault(ep["nodeid"], dict(ep))
+            if ep.get("min_success") is not None:
+                self.floors[ep["task"]] = float(ep["min_success"])
+        return len(self.declared)
+
+    def add(self, record: EpisodeRecord) -> None:
+        """An episode's record (the last one of a test id wins); feeds its task's sequential test."""
+        self.records[record.nodeid] = record
+        self._feed_sequential(record)
+
+    def crashed(self, nodeid: str, message: str) -> EpisodeRecord | None:
+        """The record of a declared episode whose worker died mid-test (None if not an episode)."""
+        ident = self.declared.get(nodeid)
+        if ident is None:
+            return None
+        record = EpisodeRecord(task=ident["task"], episode=ident["episode"], nodeid=nodeid, outcome="error",
+                               seed=ident.get("seed"), error=(message or "worker crashed")[:2000])
+        return record
+
+    def is_declared(self, nodeid: str) -> bool:
+        return nodeid in self.declared
+
+    def other_shards(self) -> set[tuple[str, str]]:
+        """The suite's ``(task, episode)`` pairs that other shards run (empty when not sharded)."""
+        if self.shard is None:
+            return set()
+        from pytest_hud.core.shard import partition
+
+        suite = [(task, ep) for task, eps in self.shard["suite"].items() for ep in eps]
+        return {key for key, index in partition(suite, self.shard["count"]).items() if index != self.shard["index"]}
+
+    # ----------------------------------------------------------------- resume
+    def resume_lookup(self, task: str, episode: str, identity: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The earlier record of this episode, if it ran with exactly this identity (policy, sim, ...)."""
+        record = self.resumable.get((task, str(episode)))
+        if record is None or to_builtin(record.identity) != to_builtin(dict(identity)):
+            return None
+        return record.to_dict()
+
+    # ------------------------------------------------------------- sequential
+    def decision(self, task: str) -> str:
+        """The sequential test's decision for ``task``: regression, pass or undecided."""
+        test = self._sequential_tests.get(task)
+        return test.decide() if test is not None else "undecided"
+
+    def _feed_sequential(self, record: EpisodeRecord) -> None:
+        """Paired, in declared order: each finished episode updates its task's anytime-valid test."""
+        base = self.baseline_successes.get(record.task)
+        if not self.sequential or base is None or record.outcome == "skipped":
+            return
+        test = self._sequential_tests.get(record.task)
+        if test is None:
+            from pytest_hud.stats import SequentialTest
+
+            order = [d["episode"] for d in self.declared.values() if d["task"] == record.task and d["episode"] in base]
+            tasks = {d["task"] for d in self.declared.values()} & set(self.baseline_successes)
+            cfg = self.gate_config
+            # Bonferroni across the compared tasks keeps the family-wise rate <= alpha.
+            test = SequentialTest(alpha=cfg.alpha / max(1, len(tasks)), max_drop=cfg.max_drop,
+                                  detect_drop=cfg.detect_drop, paired=True, order=order)
+            self._sequential_tests[record.task] = test
+        if record.episode in base:
+            current = None if record.outcome == "error" else bool(record.success)
+            test.record(record.episode, current, base[record.episode])
+
+    # ---------------------------------------------------------------- summary
+    def declared_ids(self) -> dict[str, list[str]]:
+        """Task -> the episode ids this run declared, in declaration order (the results header)."""
+        out: dict[str, list[str]] = {}
+        for ident in self.declared.values():
+            out.setdefault(ident["task"], []).append(str(ident["episode"]))
+        return out
+
+    def deselected_ids(self) -> dict[str, list[str]]:
+        """Task -> the episode ids ``-k``/``-m`` deselected (the results header)."""
+        return {task: sorted(ids) for task, ids in sorted(self.deselected_episodes.items())}
+
+    def collected_tasks(self) -> set[str]:
+        """Every task the run collected: declared, deselected, or in another shard."""
+        tasks = {ident["task"] for ident in self.declared.values()} | set(self.deselected)
+        if self.shard is not None:
+            tasks |= set(self.shard["suite"])
+        return tasks
+
+    def declared_by_task(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for ident in self.declared.values():
+            counts[ident["task"]] = counts.get(ident["task"], 0) + 1
+        return counts
+
+    def tasks(self, wall_s: float | None = None) -> dict[str, TaskSummary]:
+        return aggregate(self.records.values(), self.declared_by_task(), wall_s)
+
+    def coverage(self) -> dict[str, Any]:
+        declared = set(self.declared)
+        reported = set(self.records)
+        return {
+            "declared": len(declared),
+            "reported": len(reported & declared) if declared else len(reported),
+            "graded": sum(1 for r in self.records.values() if r.outcome in ("passed", "failed")),
+            "errors": sum(1 for r in self.records.values() if r.outcome == "error"),
+            "skipped": sum(1 for r in self.records.values() if r.outcome == "skipped"),
+            "missing": sorted(declared - reported),
+        }
+
+    @property
+    def gated(self) -> bool:
+        """A baseline, a gate file or a floor is configured: the gate decides the exit status."""
+        return bool(self.baseline is not None or self.gated_by_file or self.floors)
+
+    def verdicts(self) -> list[Verdict] | None:
+        """Verdicts per task (None when no baseline, gate file or floor is configured)."""
+        if not self.gated:
+            return None
+        current = outcomes_from_records(self.records.values(), episodes=self.declared_ids(),
+                                        deselected=self.deselected_ids())
+        base = outcomes_from_results(self.baseline, as_baseline=True) if self.baseline is not None else None
+        others = self.other_shards()
+        if base is not None and others:
+            # A shard is gated against the same episodes of the baseline; the other shards'
+            # episodes are theirs to gate (and the merged file's), not missing here.
+            kept = [r for r in self.baseline.latest_episodes() if (r.task, str(r.episode)) not in others]
+            declared = self.baseline.declared_episodes() if self.baseline.complete else None
+            if declared is not None:
+                declared = {t: kept_eps for t, eps in declared.items()
+                            if (kept_eps := [e for e in eps if (t, e) not in others])}
+            base = outcomes_from_records(kept, episodes=declared)
+        floors = {**self.gate_config.floors, **self.floors}  # marker floors are exact task ids: they win
+        verdicts = evaluate_gate(current, base, replace(self.gate_config, floors=floors),
+                                 deselected=self.deselected - set(current))
+        for i, v in enumerate(verdicts):
+            test = self._sequential_tests.get(v.task)
+            decision = test.decide() if test is not None else "undecided"
+            if decision != "undecided" and v.verdict in COMPARED:
+                verdicts[i] = Verdict(
+                    task=v.task, verdict="regression" if decision == "regression" else "pass",
+                    test="sequential", current_rate=v.current_rate, baseline_rate=v.baseline_rate,
+                    n_current=v.n_current, n_baseline=v.n_baseline, n_pairs=test.n_pairs,
+                    discordant=(test.worse, test.better), drop=v.drop, floor=v.floor,
+                    reason=f"sequential test decided after {test.n_pairs} paired episodes "
+                           f"({test.worse} worse, {test.better} better)",
+                    errors=v.errors, declared=v.declared, coverage=None,
+                )
+        return verdicts
+
+    def used(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Every (policy, content hash) and (sim, build) the recorded episodes actually used."""
+        policies: dict[tuple, dict[str, Any]] = {}
+        sims: dict[str, dict[str, Any]] = {}
+        for rec in self.records.values():
+            ident = rec.identity or {}
+            if ident.get("policy"):
+                policies[(ident["policy"], ident.get("policy_hash"))] = {
+                    "policy": ident["policy"], "policy_hash": ident.get("policy_hash")}
+            if ident.get("sim"):
+                key = f"{ident['sim']} {ident.get('build') or ''}"
+                sims[key] = {"sim": ident["sim"], "build": ident.get("build") or {}}
+        return list(policies.values()), list(sims.values())
+

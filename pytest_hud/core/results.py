@@ -1,0 +1,351 @@
+"""Per-episode records, per-task aggregates, and the results file (``pytest-hud/results/1``).
+
+The results file is JSON Lines so that nothing finished is lost: every episode is appended (and
+flushed to disk) the moment its report reaches the controller, and a crash leaves a valid file.
+
+    {"record": "run", "schema": "pytest-hud/results/1", "run_id": ..., "started": ..., "provenance": {...},
+     "declared": {TASK: [episode ids]}, "deselected": {TASK: [episode ids]}}
+    {"record": "episode", "task": "evals/test_cartpole.py::test_balance", "episode": "7", "seed": 7,
+     "outcome": "passed", "success": true, "score": 1.0, "total_reward": 500.0, "steps": 500, ...}
+    ...
+    {"record": "summary", "tasks": {TASK: {n, successes, success_rate, ci_low, ci_high, ...}},
+     "coverage": {...}, "gate": {...} | null, "provenance": {...}}
+
+The run record is written before the first episode runs and lists every episode the run declared
+(after ``-k``/``-m``; ``deselected`` lists the ones those left out), so a file is interpretable
+without its summary: a killed run's file is *incomplete* (:attr:`Results.complete`), and what it
+did not finish is known. A shard's file (``--hud-shard I/N``) says so in its provenance
+(:attr:`Results.shard`).
+
+``load_results(path)`` reads it back (a file without a summary line, from a killed run, loads too).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_hud.stats import wilson_interval
+
+__all__ = [
+    "SCHEMA",
+    "EpisodeRecord",
+    "Results",
+    "ResultsWriter",
+    "TaskSummary",
+    "aggregate",
+    "gate_input_problem",
+    "load_results",
+    "to_builtin",
+]
+
+SCHEMA = "pytest-hud/results/1"
+OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+def to_builtin(value: Any) -> Any:
+    """Recursively convert numpy scalars/arrays and other oddities to JSON-able builtins."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): to_builtin(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_builtin(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    item = getattr(value, "item", None)  # numpy scalars and 0-d arrays
+    if callable(item) and getattr(value, "ndim", 0) == 0:
+        return to_builtin(item())
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return to_builtin(tolist())
+    return str(value)
+
+
+@dataclass
+class EpisodeRecord:
+    """One episode's outcome as the controller records it. Builtin types only."""
+
+    task: str
+    episode: str
+    nodeid: str
+    outcome: str  # passed | failed | error | skipped
+    seed: int | None = None
+    success: bool | None = None
+    score: float | None = None
+    total_reward: float | None = None
+    steps: int | None = None
+    duration_s: float | None = None
+    slot: int | None = None
+    worker: str | None = None
+    error: str | None = None
+    skip_reason: str | None = None  # why a skipped episode was skipped (skip/skipif reason)
+    reused: bool = False
+    finished_at: float | None = None  # epoch seconds when the controller received it
+    artefacts: dict[str, str] = field(default_factory=dict)
+    identity: dict[str, Any] = field(default_factory=dict)
+    contract: str | None = None  # the bridge's contract as the episode saw it (Contract.signature)
+    #: what defines the episode (seed, the sim's task, options, build, prompt): a claim with these
+    #: on the same sim runs it again (:meth:`pytest_hud.client.episode.Episode.definition`)
+    claim: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_builtin(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EpisodeRecord:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class TaskSummary:
+    task: str
+    n: int  # graded episodes (passed + failed)
+    successes: int
+    errors: int
+    skipped: int
+    declared: int
+    success_rate: float | None
+    ci_low: float
+    ci_high: float
+    mean_return: float | None
+    mean_steps: float | None
+    episodes_per_hour: float | None
+    reused: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_builtin(asdict(self))
+
+
+def aggregate(
+    episodes: Iterable[EpisodeRecord],
+    declared: Mapping[str, int] | None = None,
+    wall_s: float | None = None,
+) -> dict[str, TaskSummary]:
+    """Per-task success rate with a 95% Wilson interval, errors, mean return and throughput.
+
+    Errors are not failures: they are excluded from ``n`` and counted separately (coverage).
+    ``episodes_per_hour`` is the task's own throughput: its episodes over the span from its first
+    episode's start to its last one's end (``finished_at - duration_s``); without timestamps, over
+    ``wall_s`` (the run's wall time) when given, else over the summed durations.
+    """
+    by_task: dict[str, list[EpisodeRecord]] = {}
+    for rec in episodes:
+        by_task.setdefault(rec.task, []).append(rec)
+    for task in declared or {}:
+        by_task.setdefault(task, [])
+    out: dict[str, TaskSummary] = {}
+    for task, recs in sorted(by_task.items()):
+        graded = [r for r in recs if r.outcome in ("passed", "failed") and r.success is not None]
+        n = len(graded)
+        successes = sum(1 for r in graded if r.success)
+        low, high = wilson_interval(successes, n)
+        returns = [r.total_reward for r in graded if r.total_reward is not None]
+        steps = [r.steps for r in graded if r.steps is not None]
+        ran = [r for r in recs if not r.reused and r.outcome != "skipped"]
+        stamped = [r for r in ran if r.finished_at is not None and r.duration_s is not None]
+        if stamped and len(stamped) == len(ran):
+            busy = max(r.finished_at for r in stamped) - min(r.finished_at - r.duration_s for r in stamped)
+        else:
+            busy = wall_s if wall_s else sum(r.duration_s or 0.0 for r in ran)
+        out[task] = TaskSummary(
+            task=task,
+            n=n,
+            successes=successes,
+            errors=sum(1 for r in recs if r.outcome == "error"),
+            skipped=sum(1 for r in recs if r.outcome == "skipped"),
+            declared=max(int((declared or {}).get(task, 0)), len(recs)),
+            success_rate=successes / n if n else None,
+            ci_low=low,
+            ci_high=high,
+            mean_return=sum(returns) / len(returns) if returns else None,
+            mean_steps=sum(steps) / len(steps) if steps else None,
+            # none for a task whose episodes all errored: failing fast is no throughput
+            episodes_per_hour=len(ran) * 3600.0 / busy if busy and ran and graded else None,
+            reused=sum(1 for r in recs if r.reused),
+        )
+    return out
+
+
+@dataclass
+class Results:
+    """A results file read back."""
+
+    run: dict[str, Any]
+    episodes: list[EpisodeRecord]
+    summary: dict[str, Any] | None
+    path: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """False for a file left by a killed run (no summary line)."""
+        return self.summary is not None
+
+    @property
+    def shard(self) -> dict[str, Any] | None:
+        """``{"index", "count", ...}`` for one shard's file (``--hud-shard I/N``), else None."""
+        shard = (self.run.get("provenance") or {}).get("shard")
+        return shard if isinstance(shard, dict) else None
+
+    def declared_episodes(self) -> dict[str, list[str]] | None:
+        """Task -> the episode ids the run declared (its header); None for a file that predates it."""
+        declared = self.run.get("declared")
+        if not isinstance(declared, dict):
+            return None
+        return {str(t): [str(e) for e in eps] for t, eps in declared.items()}
+
+    def deselected_episodes(self) -> dict[str, list[str]]:
+        """Task -> the episode ids that ``-k``/``-m`` deselected in the run (its header)."""
+        deselected = self.run.get("deselected")
+        if not isinstance(deselected, dict):
+            return {}
+        return {str(t): [str(e) for e in eps] for t, eps in deselected.items()}
+
+    def tasks(self) -> dict[str, TaskSummary]:
+        declared = None
+        if self.summary:
+            declared = {t: s.get("declared", 0) for t, s in self.summary.get("tasks", {}).items()}
+        elif self.declared_episodes() is not None:  # an incomplete file: its header says what was meant to run
+            declared = {t: len(eps) for t, eps in (self.declared_episodes() or {}).items()}
+        return aggregate(self.latest_episodes(), declared)
+
+    def latest_episodes(self) -> list[EpisodeRecord]:
+        """One record per (task, episode): the last one written wins (reruns, resumes)."""
+        latest: dict[tuple[str, str], EpisodeRecord] = {}
+        for rec in self.episodes:
+            latest[(rec.task, rec.episode)] = rec
+        return list(latest.values())
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        if self.summary and self.summary.get("provenance"):
+            return self.summary["provenance"]
+        return self.run.get("provenance", {})
+
+
+def gate_input_problem(results: Results, side: str, *, allow_incomplete: bool = False,
+                       allow_flag: str = "--hud-allow-incomplete-baseline") -> str | None:
+    """Why ``results`` cannot be one ``side`` of a gate ("baseline" or "results"); None when it can.
+
+    One shard's file is never gated (the merged file of all shards is); a baseline without its
+    summary line (a killed or still running pytest) is refused unless ``allow_incomplete``, since
+    what it lacks would be compared as if it had never been declared. A results file without its
+    summary is fine: its header's declared episodes count what it did not finish.
+    """
+    name = results.path or "the file"
+    shard = results.shard
+    if shard is not None:
+        return (f"{name} is the results file of one shard ({shard.get('index')}/{shard.get('count')}) of a"
+                f" sharded suite: a gate compares whole suites. Merge the shards first,"
+                f" `python -m pytest_hud merge SHARD.jsonl ... -o ALL.jsonl`, and use ALL.jsonl as the {side}")
+    if side == "baseline" and not results.complete and not allow_incomplete:
+        return (f"{name} is incomplete: it has no summary line (its run was killed, or is still running), so"
+                f" the episodes it lacks are unknown as a baseline. Use a finished run's file, or pass"
+                f" {allow_flag} to gate against the {len(results.latest_episodes())} episodes it has")
+    return None
+
+
+def load_results(path: str | os.PathLike[str]) -> Results:
+    """Read a results file; raises ``ValueError`` naming the line when it is not ours."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"results file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{str(path)!r} is a directory, not a results file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read results file {str(path)!r}: {exc}") from None
+    run: dict[str, Any] = {}
+    episodes: list[EpisodeRecord] = []
+    summary: dict[str, Any] | None = None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if lineno == len(text.splitlines()):
+                break  # a torn last line from a killed run: everything before it stands
+            raise ValueError(f"{path}:{lineno} is not JSON") from None
+        kind = rec.get("record") if isinstance(rec, dict) else None
+        if kind == "run":
+            if rec.get("schema") != SCHEMA:
+                raise ValueError(f"{path} has schema {rec.get('schema')!r}, expected {SCHEMA!r}")
+            run = rec
+        elif kind == "episode":
+            episodes.append(EpisodeRecord.from_dict(rec))
+        elif kind == "summary":
+            summary = rec
+        else:
+            raise ValueError(f"{path}:{lineno} is not a pytest-hud results record")
+    if not run:
+        raise ValueError(f"{path} is not a pytest-hud results file (no 'run' record first)")
+    return Results(run=run, episodes=episodes, summary=summary, path=str(path))
+
+
+class ResultsWriter:
+    """Appends records to the results file, flushing and fsyncing each episode as it lands."""
+
+    def __init__(self, path: str | os.PathLike[str], provenance: Mapping[str, Any], run_id: str,
+                 append: bool = False, declared: Mapping[str, Iterable[str]] | None = None,
+                 deselected: Mapping[str, Iterable[str]] | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = "a" if append and self.path.exists() else "w"
+        if mode == "a":
+            _drop_torn_tail(self.path)  # a killed run may have left half a line: never glue onto it
+        self._fh = open(self.path, mode, encoding="utf-8")
+        if mode == "w":
+            header: dict[str, Any] = {"record": "run", "schema": SCHEMA, "run_id": run_id,
+                                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                      "provenance": to_builtin(dict(provenance))}
+            if declared is not None:
+                header["declared"] = {str(t): [str(e) for e in eps] for t, eps in sorted(declared.items())}
+                header["deselected"] = {str(t): [str(e) for e in eps] for t, eps in sorted((deselected or {}).items())}
+            self._write(header)
+
+    def _write(self, obj: Mapping[str, Any]) -> None:
+        self._fh.write(json.dumps(obj, sort_keys=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def episode(self, record: EpisodeRecord) -> None:
+        self._write({"record": "episode", **record.to_dict()})
+
+    def summary(self, tasks: Mapping[str, TaskSummary], coverage: Mapping[str, Any],
+                provenance: Mapping[str, Any], gate: Any = None) -> None:
+        self._write({
+            "record": "summary",
+            "schema": SCHEMA,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "tasks": {t: s.to_dict() for t, s in tasks.items()},
+            "coverage": to_builtin(dict(coverage)),
+            "gate": to_builtin(gate),
+            "provenance": to_builtin(dict(provenance)),
+        })
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Truncate a file back to just after its last newline."""
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            fh.truncate(end)

@@ -1,0 +1,27 @@
+"""A worker's recorders, opened from the run's settings: videos, traces, a LeRobot dataset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_hud.recording.recorder import Recorder
+
+__all__ = ["open_recorders"]
+
+
+def open_recorders(settings: Any, worker: str) -> list[Recorder]:
+    """A worker's recorders for the run's settings (a :class:`~pytest_hud.core.settings.HudSettings`)."""
+    recorders: list[Recorder] = []
+    if settings.video != "none" and settings.video_dir:
+        from pytest_hud.recording.video import VideoRecorder
+
+        recorders.append(VideoRecorder(settings.video_dir, settings.video))
+    if settings.trace_dir:
+        from pytest_hud.recording.trace import TraceRecorder
+
+        recorders.append(TraceRecorder(settings.trace_dir))
+    if settings.record:
+        from pytest_hud.recording.dataset import DatasetRecorder
+
+        recorders.append(DatasetRecorder(settings.record, worker_id=worker))
+    return recorders

@@ -1,0 +1,2 @@
+"""What goes on the wire, without knowing who speaks: the openpi/0 codec (:mod:`.codec`), the
+sans-I/O WebSocket core and its blocking client, and JSON-RPC 2.0 (protocol and socket shells)."""

@@ -1,0 +1,116 @@
+"""Fixtures: ``shared_sim`` and ``robot_agent``, thin handles on the worker's :class:`HudSession`.
+
+Which sim and which policy a test gets comes from :meth:`pytest_hud.core.settings.HudSettings.for_item`:
+the ``hud`` marker (closest wins) over the options and ini keys, with ``--hud-policy`` on the
+command line beating the marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_hud.worker.keys import worker_session
+
+if TYPE_CHECKING:  # imported when used: the plugin imports this module in every pytest process
+    from pytest_hud.agent.loop import Agent
+    from pytest_hud.client.episode import Episode, EpisodeResult
+    from pytest_hud.worker.session import HudSession, SharedSim
+
+__all__ = ["RobotAgent", "shared_sim", "robot_agent", "hud_settings", "item_settings"]
+
+
+class RobotAgent:
+    """The policy harness for one test: ``run(episode)`` / ``await arun(episode)``.
+
+    The model is loaded once per worker and policy spec; this object carries the test's settings
+    (``max_steps`` from ``--hud-max-steps`` or the ``hud`` marker).
+    """
+
+    def __init__(self, session: HudSession, policy: str | None, max_steps: int | None):
+        self.session = session
+        self.policy = policy
+        self.max_steps = max_steps
+
+    def agent_for(self, episode: Episode) -> Agent:
+        from pytest_hud.client.episode import EpisodeError
+
+        if not self.policy:
+            raise EpisodeError(
+                "no policy: pass --hud-policy (module:factory, a LeRobot checkpoint directory or a "
+                "ws:// policy server), set hud_policy in the ini file, or mark the test "
+                "@pytest.mark.hud(policy=...)"
+            )
+        return self.session.agent(self.policy, episode.contract)
+
+    def run(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
+        """Run ``episode`` to its end (claiming it first if needed) and return its result."""
+        agent = self.agent_for(episode)  # load the model before claiming: warm-up holds no slot
+        if episode.token is None and episode.grade_data is None:
+            with episode:
+                return agent.run(episode, max_steps if max_steps is not None else self.max_steps)
+        return agent.run(episode, max_steps if max_steps is not None else self.max_steps)
+
+    async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
+        """asyncio version of :meth:`run`."""
+        agent = await asyncio.to_thread(self.agent_for, episode)
+        if episode.token is None and episode.grade_data is None:
+            async with episode:
+                return await agent.arun(episode, max_steps if max_steps is not None else self.max_steps)
+        return await agent.arun(episode, max_steps if max_steps is not None else self.max_steps)
+
+    @property
+    def model(self) -> Any:
+        """The loaded model of the last contract used (None before the first episode)."""
+        for (policy, _), agent in self.session.agents.items():
+            if policy == self.policy:
+                return agent.model
+        return None
+
+
+def hud_settings(item: pytest.Item) -> dict[str, Any]:
+    """The ``hud`` marker's keyword arguments for ``item``, closest marker winning."""
+    merged: dict[str, Any] = {}
+    for mark in reversed(list(item.iter_markers("hud"))):
+        merged.update(mark.kwargs)
+    return merged
+
+
+def item_settings(item: pytest.Item, session: HudSession):
+    """The run's settings for ``item`` (its ``hud`` markers applied)."""
+    return session.settings.for_item(hud_settings(item))
+
+
+def _session(request: pytest.FixtureRequest) -> HudSession:
+    session = worker_session(request.config)
+    if session is None:
+        raise pytest.UsageError("pytest-hud is not active in this process (was it disabled with -p no:hud?)")
+    return session
+
+
+@pytest.fixture
+def shared_sim(request: pytest.FixtureRequest) -> SharedSim:
+    """This worker's handle on the shared simulator bridge for the test's sim.
+
+    The sim comes from ``@pytest.mark.hud(sim=..., build={...})``, ``--hud-sim`` or the
+    ``hud_sim`` ini key. ``shared_sim.episode(seed=s)`` claims a slot for one episode;
+    ``shared_sim.contract`` describes observations and actions.
+    """
+    session = _session(request)
+    settings = item_settings(request.node, session)
+    return session.sim(settings.sim, settings.build)
+
+
+@pytest.fixture
+def robot_agent(request: pytest.FixtureRequest) -> RobotAgent:
+    """The policy harness: ``robot_agent.run(shared_sim.episode(seed=s))`` returns the result.
+
+    The policy comes from ``--hud-policy`` on the command line, else ``@pytest.mark.hud(policy=...)``,
+    else the ``hud_policy`` ini key;
+    ``max_steps`` from the marker or ``--hud-max-steps``. The model loads once per worker.
+    """
+    session = _session(request)
+    settings = item_settings(request.node, session)
+    return RobotAgent(session, settings.policy, settings.max_steps)
