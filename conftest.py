@@ -2,10 +2,12 @@
 
 - ``pytester`` is loaded here (not in every test module), since most end-to-end tests drive a real
   pytest run in a subprocess;
-- the ``slow`` marker is given to every end-to-end test: a test that starts pytest runs, bridges or
-  policy servers in subprocesses (it uses ``pytester``, ``bridge``, or lives in a drill module). So
+- the suite is laid out by kind: ``tests/unit/`` holds the in-process tests (pure logic, seconds),
+  ``tests/e2e/`` the end-to-end ones (pytest runs, bridges and policy servers in subprocesses; the
+  LeRobot, Meta-World and Ray suites in their own folders). The ``slow`` marker comes from that
+  folder, so a test cannot be unmarked by its name or its fixtures. So
 
-      pytest tests -m "not slow" -n 2      # pure logic in seconds
+      pytest tests/unit -n 2               # pure logic in seconds (or: pytest tests -m "not slow")
       pytest tests -n 2                    # everything (what .ci/run runs)
 
 The example suites in ``evals/`` keep their own ``pytest.ini`` (as a user's project would) and are
@@ -18,18 +20,20 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-#: Fixtures that start processes: a test using one is end to end.
+#: Fixtures that start processes: a test in tests/unit that uses one is in the wrong folder.
 _PROCESS_FIXTURES = frozenset({"pytester", "bridge", "testdir"})
-#: Modules that are end to end as a whole (drills, the browser, the example evals).
-_SLOW_MODULES = ("test_drills_", "test_evals", "test_report_html_browser", "test_policy_server", "test_bridge")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: end-to-end test (subprocesses, real bridges); deselect with -m 'not slow'")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    e2e = config.rootpath / "tests" / "e2e"
+    unit = config.rootpath / "tests" / "unit"
     for item in items:
-        module = item.path.name
-        if _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or module.startswith(_SLOW_MODULES):
+        if item.path.is_relative_to(e2e):
             item.add_marker(pytest.mark.slow)
+        elif item.path.is_relative_to(unit) and _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            raise pytest.UsageError(f"{item.nodeid} starts processes ({', '.join(sorted(_PROCESS_FIXTURES & set(item.fixturenames)))}): "
+                                    "move it to tests/e2e/, where end-to-end tests live")

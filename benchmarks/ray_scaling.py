@@ -5,7 +5,7 @@
 Needs ``pip install 'pytest-hud[ray]'``. Starts a ``ray.cluster_utils.Cluster`` on this host (a head
 and one node with ``{"sim": 8}``), then:
 
-1. **Scaling.** A sim whose tick sleeps ``--sleep-ms`` (``tests/cluster/sleepy.py``: a stand-in for a
+1. **Scaling.** A sim whose tick sleeps ``--sleep-ms`` (``tests/e2e/cluster/sleepy.py``: a stand-in for a
    render or physics step that does not use this machine's CPU), ``--width`` slots per bridge, one
    asyncio client per slot in this process, for ``--seconds``. One local bridge (the pool's default
    launcher), then 1, 2 and 4 bridges placed by Ray through the same pool. Prints slot-steps/s and

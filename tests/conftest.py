@@ -22,7 +22,7 @@ from pytest_hud.client.bridge import BridgeAddress
 # dataset therefore left pandas forgotten, and the next dataset written in that worker re-imported
 # the module and failed with ``ArrowKeyError: A type extension with name pandas.period already
 # defined``: a failure that came and went with xdist's test order. Imported here, before any test,
-# the module is in every snapshot and never re-executed. (Not a tests/lerobot/conftest.py: two
+# the module is in every snapshot and never re-executed. (Not a tests/e2e/lerobot/conftest.py: two
 # conftest modules outside packages would share the module name ``conftest``.)
 if importlib.util.find_spec("pyarrow") is not None and importlib.util.find_spec("pandas") is not None:
     try:

@@ -46,7 +46,7 @@ How videos get into the report, and why this way (checked against pytest-html 4.
    (``--html``'s parent), so the report stays small and plays as long as the video directory is
    published with it (for CI artefacts, keep the videos under the report's directory).
 
-``tests/test_report_html_browser.py`` opens such reports in headless Chromium, made under
+``tests/e2e/test_report_html_browser.py`` opens such reports in headless Chromium, made under
 ``-n 2 --self-contained-html`` and under ``-n 0`` with linked videos, and checks that the players
 decode their media.
 """

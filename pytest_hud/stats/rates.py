@@ -36,7 +36,7 @@ against it over grids and seeded random tables:
   makes its p-value too small; ours keeps them, so the two are compared where no such tie exists.
 
 No well-kept library has the rest, so it is written here and tested against hand values, brute force
-and simulated error rates (``tests/test_stats.py``): the exact unconditional non-inferiority tests
+and simulated error rates (``tests/unit/test_stats.py``): the exact unconditional non-inferiority tests
 with a margin (Farrington-Manning score after Chan 1998 for unpaired runs, Tango's score for paired
 episodes), the mixture e-process of ``sequential.py``, and the power and sample size of these exact
 tests in ``power.py``. Holm's procedure is a few lines (statsmodels has it, but is no dependency);

@@ -138,7 +138,7 @@ def _decode(obj: dict) -> Any:
 # For those, ``packb`` writes msgpack itself from cached pieces (map header, each key, each
 # array's header and trailer) and the arrays' own buffers, in one join: no per-array ``tobytes``
 # copy and no ``default`` callback per value. The bytes are exactly what
-# ``msgpack.packb(obj, default=_encode)`` writes (tests/test_wire.py checks both against each
+# ``msgpack.packb(obj, default=_encode)`` writes (tests/unit/test_wire.py checks both against each
 # other and the golden vectors); anything else takes that general path.
 
 class _NotFlat(Exception):

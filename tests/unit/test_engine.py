@@ -1,7 +1,7 @@
 """The bridge engine's rules as plain function calls: claims, ticks, holds, timeouts, failures.
 
 No sockets, no subprocess: a fake in-memory batch stands in for the vectorized sim, and time is a
-number passed in. ``tests/test_bridge.py`` drives the same rules end to end through real sockets.
+number passed in. ``tests/e2e/test_bridge.py`` drives the same rules end to end through real sockets.
 """
 
 from __future__ import annotations

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lerobot.policies")  # not "lerobot": tests/lerobot itself would satisfy that
+pytest.importorskip("lerobot.policies")  # not "lerobot": tests/e2e/lerobot itself would satisfy that
 
 from pytest_hud.core.results import load_results  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 REACH = ROOT / "evals" / "sims" / "reach.py"
 FINAL = ROOT / "evals" / "checkpoints" / "reach_act" / "final"
 

@@ -17,7 +17,7 @@ import pytest
 metaworld = pytest.importorskip("metaworld", reason='Meta-World is not installed: pip install "pytest-hud[metaworld]"')
 
 os.environ.setdefault("MUJOCO_GL", "egl")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "evals" / "sims"))
 sys.path.insert(0, str(ROOT / "evals" / "policies"))
 

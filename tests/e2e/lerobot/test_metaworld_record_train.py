@@ -23,7 +23,7 @@ from pytest_hud.core.results import load_results
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SUITE = REPO / "evals" / "test_metaworld_act.py"
 CHECKPOINTS = REPO / "evals" / "checkpoints" / "metaworld_act"
 EXPERT = REPO / "evals" / "policies" / "meta_world_experts.py"
@@ -74,7 +74,7 @@ def test_the_checkpoint_script_refuses_a_dataset_folder_it_would_delete_and_step
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "make_metaworld_checkpoints.py"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "make_metaworld_checkpoints.py"
     kept = tmp_path / "mine"
     kept.mkdir()
     (kept / "notes.txt").write_text("precious")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-EVALS = Path(__file__).resolve().parents[3] / "evals"
+EVALS = Path(__file__).resolve().parents[4] / "evals"
 
 pytestmark = pytest.mark.hud(
     sim=f"{EVALS / 'sims' / 'classic.py'}:cartpole",

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASELINE = ROOT / "evals" / "baselines" / "cartpole.jsonl"
 
 

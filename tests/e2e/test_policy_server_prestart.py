@@ -25,7 +25,7 @@ from pytest_hud.controller.pool import BridgeSpec, SimPool
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # The action width comes from the contract the server was loaded for: the reply shows which one it got.
 CONTRACTED = '''

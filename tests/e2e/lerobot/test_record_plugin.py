@@ -15,7 +15,7 @@ from pytest_hud.core.results import load_results  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
-REACH = Path(__file__).resolve().parents[2] / "evals" / "sims" / "reach.py"
+REACH = Path(__file__).resolve().parents[3] / "evals" / "sims" / "reach.py"
 
 SUITE = f'''
 import numpy as np

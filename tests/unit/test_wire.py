@@ -9,7 +9,7 @@ import pytest
 
 from pytest_hud.wire.codec import MAX_FRAME_BYTES, WireError, packb, unpackb
 
-VECTORS = Path(__file__).parent / "data" / "wire-vectors"
+VECTORS = Path(__file__).parents[1] / "data" / "wire-vectors"
 MANIFEST = json.loads((VECTORS / "manifest.json").read_text())
 
 

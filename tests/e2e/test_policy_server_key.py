@@ -25,7 +25,7 @@ from test_policy_server import ECHO, openpi_pack, openpi_unpack
 
 pytestmark = pytest.mark.timeout(90)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KEY = "k3y-for-tests"
 
 

@@ -2,7 +2,7 @@
 
 Runs only where LeRobot is installed (the ``.venv-lerobot`` environment)::
 
-    .venv-lerobot/bin/python -m pytest tests/lerobot -q -p no:cacheprovider -p no:hud
+    .venv-lerobot/bin/python -m pytest tests/e2e/lerobot -q -p no:cacheprovider -p no:hud
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pytest_hud.core.contract import derive_contract
 
 pytestmark = pytest.mark.timeout(240)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FINAL = REPO / "evals" / "checkpoints" / "reach_act" / "final"
 
 

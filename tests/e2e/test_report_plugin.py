@@ -13,7 +13,7 @@ from test_report_html_browser import browser, needs_chromium, video_states  # no
 
 pytestmark = pytest.mark.timeout(240)
 
-REACH = Path(__file__).resolve().parent.parent / "evals" / "sims" / "reach_pixels.py"
+REACH = Path(__file__).resolve().parents[2] / "evals" / "sims" / "reach_pixels.py"
 
 POLICIES = '''
 import numpy as np

@@ -14,7 +14,7 @@ from test_plugin import POLICIES, SIMS
 
 pytestmark = pytest.mark.timeout(240)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Probes run inside the pytest runs under test: they write what the process holds to a file.
 PROBE = '''

@@ -33,8 +33,8 @@ from pytest_hud.agent.remote import RemotePolicy, RemotePolicyError
 
 pytestmark = pytest.mark.timeout(90)
 
-REPO = Path(__file__).resolve().parents[1]
-KIT = Path(__file__).with_name("policykit.py")
+REPO = Path(__file__).resolve().parents[2]
+KIT = Path(__file__).parents[1] / "policykit.py"
 ECHO = f"{KIT}:echo"
 LOOP = f"{KIT}:loop"
 SLOW = f"{KIT}:slow"

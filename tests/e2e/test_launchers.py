@@ -195,7 +195,7 @@ def test_a_run_uses_a_listed_policy_server_with_its_own_key(pytester, tmp_path):
     from policykit import REPO
 
     announce = tmp_path / "policy.json"
-    server, _ = launch([sys.executable, "-m", "pytest_hud.serving.server", "--policy", "tests/cluster/sleepy.py:parity",
+    server, _ = launch([sys.executable, "-m", "pytest_hud.serving.server", "--policy", "tests/e2e/cluster/sleepy.py:parity",
                         "--port", "0", "--announce", str(announce)], tmp_path, "policy server", cwd=REPO,
                        env=dict(os.environ, PYTEST_HUD_POLICY_KEY="operator-key"))
     try:

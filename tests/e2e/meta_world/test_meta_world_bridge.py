@@ -23,7 +23,7 @@ from pytest_hud.client.bridge import BridgeError, ControlClient, SlotClient  # n
 from pytest_hud.core.results import load_results  # noqa: E402
 
 os.environ.setdefault("MUJOCO_GL", "egl")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SIM = ROOT / "evals" / "sims" / "meta_world.py"
 EXPERTS = ROOT / "evals" / "policies" / "meta_world_experts.py"
 sys.path.insert(0, str(SIM.parent))

@@ -18,7 +18,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-pytest.importorskip("lerobot.policies")  # not "lerobot": tests/lerobot itself would satisfy that
+pytest.importorskip("lerobot.policies")  # not "lerobot": tests/e2e/lerobot itself would satisfy that
 
 from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: E402
 

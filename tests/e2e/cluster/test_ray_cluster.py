@@ -5,7 +5,7 @@ One module-scoped ``ray.cluster_utils.Cluster``: a head without custom resources
 subprocess (the controller is the Ray driver) and checks what Ray placed from node ids, what the
 results file says, and which processes are left. The tests that destroy nodes run last.
 
-Run with ``tox -e ray`` (or ``pytest tests/cluster``); skipped where Ray is not installed.
+Run with ``tox -e ray`` (or ``pytest tests/e2e/cluster``); skipped where Ray is not installed.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ psutil = pytest.importorskip("psutil")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = HERE.parents[2]
 SLEEPY = HERE / "suite" / "suite_sleepy.py"
 CARTPOLE = HERE / "suite" / "suite_cartpole.py"
 

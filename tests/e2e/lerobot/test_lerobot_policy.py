@@ -2,7 +2,7 @@
 
 Runs only where LeRobot is installed (the ``.venv-lerobot`` environment)::
 
-    .venv-lerobot/bin/python -m pytest tests/lerobot -q -p no:cacheprovider -p no:hud
+    .venv-lerobot/bin/python -m pytest tests/e2e/lerobot -q -p no:cacheprovider -p no:hud
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pytest_hud.agent.lerobot import (
     CopyObservationsProcessorStep, LeRobotPolicy, lerobot_feature_name, looks_like_lerobot_checkpoint,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "evals" / "checkpoints" / "reach_act"
 MEAN_STD = NormalizationMode.MEAN_STD
 
