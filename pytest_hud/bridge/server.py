@@ -16,7 +16,6 @@ import json
 import os
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +28,7 @@ from pytest_hud.bridge.engine import (
     DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick,
 )
 from pytest_hud.bridge.failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
+from pytest_hud.bridge.simgate import SimGate
 from pytest_hud.bridge.slots import Slot, SlotState
 from pytest_hud.sim.threads import default_threads
 from pytest_hud.bridge.wsserver import WsConnection, WsServer, serve_ws
@@ -85,7 +85,7 @@ class BridgeServer:
         self._held_timer: asyncio.TimerHandle | None = None
         self.started = time.monotonic()
         self._wave_gather_s = wave_gather_s
-        self._sim_gate = _SimGate(on_free=self._maybe_tick if self.engine.lane_slots else None)
+        self._sim_gate = SimGate(on_free=self._maybe_tick if self.engine.lane_slots else None)
         self._lanes_busy: set[int] = set()  # lanes mode: lanes whose step is under way
         self._slot_changed = asyncio.Condition()
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
@@ -657,72 +657,6 @@ class _Peer:
         self.early: list[bytes | str] = []
         self.done = False  # this connection's part is over (an error sent, or the episode ended)
         self.closed = False
-
-
-class _SimGate:
-    """One sim call sequence at a time, in arrival order (what ``asyncio.Lock`` does), plus
-    :meth:`try_take` for the tick's synchronous path.
-
-    Lanes mode: lane steps *share* the gate (:meth:`try_share`, :meth:`release_share`), any number
-    at once, while nobody holds it or waits for it whole; a holder waits until the shares are
-    back. ``on_free`` is called when the gate becomes free after a whole hold, so that lanes whose
-    actions came in meanwhile start.
-    """
-
-    def __init__(self, on_free: Callable[[], None] | None = None) -> None:
-        self._busy = False
-        self._shares = 0
-        self._waiters: deque[asyncio.Future] = deque()
-        self._on_free = on_free
-
-    def try_take(self) -> bool:
-        if self._busy or self._shares:
-            return False
-        self._busy = True
-        return True
-
-    def try_share(self) -> bool:
-        if self._busy or self._waiters:
-            return False
-        self._shares += 1
-        return True
-
-    def release_share(self) -> None:
-        self._shares -= 1
-        if not self._shares:
-            self._hand_over()
-
-    async def acquire(self) -> None:
-        if self.try_take():
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # it was handed over just as this caller gave up: pass it on
-            raise
-
-    def release(self) -> None:
-        self._busy = False
-        self._hand_over()
-        if not self._busy and self._on_free is not None:
-            self._on_free()
-
-    def _hand_over(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._busy = True
-                waiter.set_result(None)  # busy again: handed to that waiter
-                return
-
-    async def __aenter__(self) -> None:
-        await self.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
 
 
 # ----------------------------------------------------------- main-thread work
