@@ -15,7 +15,7 @@ own timeout.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from pytest_hud.sim.base import last_line
 from pytest_hud.bridge.failures import BridgeBroken, SimFailed, SlotFailure
