@@ -12,22 +12,20 @@ path has one wake-up per tick, not one per slot.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from pytest_hud.wire.rpc import RpcError, RpcServer
 from pytest_hud.wire.codec import MAX_FRAME_BYTES, WireError, packb, rows_packer, unpack_action, unpackb
-from pytest_hud.sim.base import FaultLog, VectorSim, sim_stats, stepping_hint
+from pytest_hud.sim.base import VectorSim, sim_stats, stepping_hint
 from pytest_hud.bridge.engine import (
     DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick,
 )
 from pytest_hud.bridge.failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
+from pytest_hud.bridge.simcalls import explain, lane_end, park_step_observe, reset_and_observe
 from pytest_hud.bridge.simgate import SimGate
 from pytest_hud.bridge.slots import Slot, SlotState
 from pytest_hud.sim.threads import default_threads
@@ -241,10 +239,10 @@ class BridgeServer:
         engine = self.engine
         try:
             flags, rows, faults = await self._sim_call(
-                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options, plan.tasks, plan.rebuild
+                reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options, plan.tasks, plan.rebuild
             )
         except Exception:
-            failure, ended = engine.reset_failed(plan, _explain(traceback.format_exc()))
+            failure, ended = engine.reset_failed(plan, explain(traceback.format_exc()))
             self._tell(ended)
             raise failure from None
         if not faults:
@@ -253,7 +251,7 @@ class BridgeServer:
             engine.apply_reset(plan, flags, rows)
             return
         if not engine.isolates:  # a sim that says it isolates slots but does not: broken, as above
-            failure, ended = engine.reset_failed(plan, _explain("\n".join(faults.values())))
+            failure, ended = engine.reset_failed(plan, explain("\n".join(faults.values())))
             self._tell(ended)
             raise failure
         for i in plan.rebuild:  # a rebuild that raised retires its slot
@@ -564,7 +562,7 @@ class BridgeServer:
         self._step_started = now
         if not self._ticked_from:
             self._ticked_from = now
-        self._call(self._tick_done, plan, _park_step_observe, self.sim, plan.park, plan.actions, plan.mask)
+        self._call(self._tick_done, plan, park_step_observe, self.sim, plan.park, plan.actions, plan.mask)
 
     def _tick_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
         self._ticked_until = time.monotonic()
@@ -583,7 +581,7 @@ class BridgeServer:
         if error is None and result[2] and not engine.isolates:
             error = RuntimeError("\n".join(result[2].values()))  # said it isolates slots, but cannot
         if error is not None:
-            why = _explain("".join(traceback.format_exception(error)))
+            why = explain("".join(traceback.format_exception(error)))
             self._tell(engine.step_failed(plan, why))
             return
         batch, obs, faults = result
@@ -625,7 +623,7 @@ class BridgeServer:
     def _lane_readable(self, plan: Any, fd: int) -> None:
         asyncio.get_running_loop().remove_reader(fd)
         os.set_blocking(fd, True)  # uvloop's reader made it non-blocking; the pipe's reads and writes block
-        self._call(self._lane_done, plan, _lane_end, self.sim, plan.lane)
+        self._call(self._lane_done, plan, lane_end, self.sim, plan.lane)
 
     def _lane_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
         self._ticked_until = time.monotonic()
@@ -657,68 +655,6 @@ class _Peer:
         self.early: list[bytes | str] = []
         self.done = False  # this connection's part is over (an error sent, or the episode ended)
         self.closed = False
-
-
-# ----------------------------------------------------------- main-thread work
-def _reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None, rebuild=()):
-    """Reset slots ``idx`` (after rebuilding the envs of ``rebuild``); returns their success flags
-    at reset, their observation rows, and ``{slot: traceback}`` for slots whose envs raised."""
-    faults = FaultLog()
-    for i in rebuild:
-        try:
-            sim.rebuild_slot(i)
-        except Exception:  # noqa: BLE001 - that slot's claim fails, the others reset
-            faults[i] = traceback.format_exc()
-    live = [n for n, i in enumerate(idx) if i not in faults]
-    flags = np.zeros(len(idx), bool)
-    if live:
-        idx_, seeds_, options_ = [idx[n] for n in live], [seeds[n] for n in live], [options[n] for n in live]
-        if tasks is not None:  # a multi-task sim takes each slot's task (and options) itself
-            got = faults.call(sim.reset_slots, idx_, seeds_, options_, tasks=[tasks[n] for n in live])
-        elif len({json.dumps(o, sort_keys=True, default=str) for o in options_}) > 1:
-            # options differ: one reset call per slot keeps each slot's options its own
-            got = np.concatenate([faults.call(sim.reset_slots, [i], [s], [o])
-                                  for i, s, o in zip(idx_, seeds_, options_)])
-        else:
-            got = faults.call(sim.reset_slots, idx_, seeds_, options_)
-        flags[live] = np.asarray(got, bool)
-    return flags, {k: v[idx] for k, v in sim.observe().items()}, faults  # fancy indexing copies the rows
-
-
-def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask: np.ndarray | None = None):
-    """Park finished slots, step (``mask``: only those slots), observe; slot faults ride along."""
-    faults = FaultLog()
-    if park:
-        if getattr(sim, "tasks", ()):  # a None task: the episode is over, idle until the next claim
-            faults.call(sim.reset_slots, park, [None] * len(park), [None] * len(park), tasks=[None] * len(park))
-        else:
-            faults.call(sim.reset_slots, park, [None] * len(park), [None] * len(park))
-        if faults:  # a parked env that raised is not stepped: it is rebuilt
-            mask = np.ones(sim.width, bool) if mask is None else mask.copy()
-            mask[list(faults)] = False
-    batch = faults.call(sim.step, actions) if mask is None else faults.call(sim.step_slots, actions, mask)
-    return batch, sim.observe(), faults
-
-
-def _lane_end(sim: VectorSim, lane: int):
-    """A lane's step (:meth:`ProcessSim.lane_end`), its slot faults riding along."""
-    faults = FaultLog()
-    batch, obs = faults.call(sim.lane_end, lane)  # type: ignore[attr-defined]
-    return batch, obs, faults
-
-
-_OWN_LOOP = ("cannot be called from a running event loop", "This event loop is already running")
-
-
-def _explain(trace: str) -> str:
-    """A sim's traceback, with the fix named on its last line when the fix is the bridge's layout:
-    a sim that runs an asyncio loop of its own inside a call cannot share a thread with the
-    serving loop."""
-    lines = trace.rstrip().splitlines()
-    if lines and any(marker in lines[-1] for marker in _OWN_LOOP):
-        lines[-1] += ("; this sim runs an asyncio event loop of its own, so serve it with its sockets "
-                      "on another thread: --hud-io-thread (bridge: --io-thread)")
-    return "\n".join(lines)
 
 
 def _fail(conn: WsConnection, failure: SlotFailure) -> None:
