@@ -1,41 +1,14 @@
 """The bridge's rules without I/O: claims, ticks, holds, timeouts and failures of its slots.
 
-(Over 400 lines on purpose: every slot rule of the bridge in one pure class, so they are read and unit-tested together.)
-
 :class:`BridgeEngine` holds every slot (:mod:`.slots`) and decides what happens to it; :mod:`.server`
 only moves bytes (sockets, codec) and runs the sim calls the engine plans, on the main thread. Time
 is passed in (``now``: seconds on a monotonic clock), so every rule, timeouts included, is testable
 with plain function calls and a fake batch.
 
-Tick rules (DESIGN §6). A bridge ticks in one of three modes (:func:`resolve_tick` picks it):
-
-- **lockstep** (natively batched sims, and any sim that cannot step a subset of its slots): step
-  when every LIVE slot has sent an action; every other slot gets the hold action (zeros, or its last
-  action with ``hold="repeat"``). A CLAIMED slot is reset with its claim's seed only when its agent
-  binds, so hold-steps before that cannot leak into its episode; in wave mode no step at all while a
-  reset slot waits for its agent. A finished sub-env is parked (reset without a seed) before the
-  next step, except in wave mode: a sim that resets all slots at once would reset live ones too, so
-  its finished sub-envs are stepped with holds until the next wave;
-- **ready** (sims whose slots are independent envs: ``VectorSim.supports_slot_step``): step only
-  the LIVE slots whose actions are in, once every LIVE slot has acted or ``tick_window`` seconds
-  after the first pending action arrived, whichever comes first. Nothing else is stepped (no holds,
-  no parking), so a slow policy never sets its peers' pace and an episode's steps are the same as
-  under lockstep;
-- **lanes** (sims whose slots are independent envs spread over processes that step at the same
-  time: ``VectorSim.supports_lane_ticks``): each lane (process) ticks in lockstep on its own, when
-  every LIVE slot of that lane has acted, while other lanes' steps are under way. Only the LIVE
-  slots of the lane are stepped (no holds, no parking, as in ready mode). Slots of a lane still
-  act together, so a batching policy server still gets their requests together, and one lane's
-  forward pass overlaps the other lanes' sim steps;
-- never step when no slot is LIVE;
-- a bad action fails that slot only;
-- a sim whose slots are independent envs (``isolates``) pins an exception on the slots whose envs
-  raised (:meth:`BridgeEngine.faulted`): their episodes fail, their envs are rebuilt before the next
-  claim lands there (a slot is retired after ``max_faults`` faults, or when its rebuild fails), and
-  every other slot goes on exactly as without the fault. Any other sim exception breaks the bridge
-  and fails every LIVE episode at once (``bridge broken by slot N's reset: ...``): none waits for its
-  own timeout;
-- a slot silent past its deadline (first action, then each step) is failed; its peers continue.
+Its tick rules (the three tick modes, holds, parking) are :class:`~.ticks.TickRules` and what
+a sim's exception does is :class:`~.faults.FaultRules`: mixins of :class:`BridgeEngine`, so the
+engine stays one pure class, read and unit-tested as one, in modules of one concern each. This
+module keeps the rest of a slot's life: claims, binding agents, resets, starting together, timeouts.
 
 Starting together (``start_together``, for a batching policy server): an episode whose slot was
 reset does not get its first observation until it and the LIVE episodes are ``start_together``
@@ -57,76 +30,30 @@ What the engine refuses or ends is a :mod:`.failures` class; ``str(failure)`` is
 from __future__ import annotations
 
 import json
-import math
 import random
 import secrets
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from pytest_hud.core.contract import Contract, ContractError
-from pytest_hud.sim.base import last_line
 from pytest_hud.sim.claims import ClaimRules
 from pytest_hud.bridge.failures import (
     ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout, EpisodeOver, NoFirstObservation,
-    SimFailed, SlotError, SlotFailure, SlotReleased, TaskError,
+    SlotError, SlotFailure, SlotReleased, TaskError,
 )
+from pytest_hud.bridge.faults import FaultRules
 from pytest_hud.bridge.slots import Slot, SlotState
+from pytest_hud.bridge.ticks import DEFAULT_TICK_WINDOW, TICK_MODES, TickPlan, TickRules, _frame, resolve_tick
 
 __all__ = ["DEFAULT_START_WINDOW", "DEFAULT_TICK_WINDOW", "TICK_MODES", "BridgeEngine", "Handshake", "ResetPlan", "TickPlan", "Timeouts", "resolve_tick"]
 
-#: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the others.
-TICK_MODES = ("auto", "lockstep", "ready", "lanes")
-#: Ready mode's default window (seconds): long enough that agents answering one tick's frames
-#: together land in one step, short next to a policy's milliseconds (``benchmarks/stragglers.py``).
-DEFAULT_TICK_WINDOW = 0.001
 #: How long a held episode waits for the others to start with it (``start_together``): about the
 #: spread of a wave's starts on a busy machine (the workers encode videos and write reports between
 #: episodes), and short next to an episode.
 DEFAULT_START_WINDOW = 0.5
-
-
-def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool, batched_parallel: bool = False,
-                 lane_ticks: bool = False) -> str:
-    """The tick mode a bridge runs: ``auto`` is ``ready`` where the sim can step and reset its slots
-    one by one, else ``lockstep``. Raises ValueError for an unknown mode, or ``ready`` or ``lanes``
-    on a sim that cannot do it.
-
-    ``batched_parallel``: a batching policy server answers the episodes and the sim steps its slots
-    in parallel (processes, threads). ``auto`` is then ``lanes`` where the sim can tick its lanes
-    apart (``lane_ticks``: processes), else ``lockstep``: slots stepped together ask the server
-    together, so its batches fill (in ready mode the slots drift apart and each asks alone), and
-    with lanes one process's slots wait for their forward pass while another's step. A one-thread
-    bridge is better left to ready mode, where the sim steps some slots while others wait for the
-    server.
-
-    >>> resolve_tick("auto", slot_step=True, slot_reset=True), resolve_tick("auto", slot_step=False, slot_reset=True)
-    ('ready', 'lockstep')
-    >>> resolve_tick("auto", slot_step=True, slot_reset=True, batched_parallel=True, lane_ticks=True)
-    'lanes'
-    """
-    if requested not in TICK_MODES:
-        raise ValueError(f"tick mode must be auto, lockstep, ready or lanes, got {requested!r} (--hud-tick)")
-    can_ready = slot_step and slot_reset
-    if requested == "auto":
-        if can_ready and batched_parallel:
-            return "lanes" if lane_ticks else "lockstep"
-        return "ready" if can_ready else "lockstep"
-    if requested in ("ready", "lanes") and not can_ready:
-        why = ("steps all its slots in one batched call" if not slot_step
-               else "can only reset all its slots at once")
-        raise ValueError(
-            f"tick mode {requested!r} needs a sim whose slots are independent envs, but this sim {why}; "
-            "use --hud-tick=auto or --hud-tick=lockstep (a bridge started by hand: --tick)")
-    if requested == "lanes" and not lane_ticks:
-        raise ValueError(
-            "tick mode 'lanes' needs a sim whose slots step in several processes at once; use "
-            "--hud-vectorization=processes with a width of 2 or more on a machine with 2 or more cores, "
-            "or --hud-tick=ready (a bridge started by hand: --vectorization processes, --tick)")
-    return requested
 
 
 @dataclass
@@ -159,23 +86,9 @@ class ResetPlan:
     rebuild: list[int] = field(default_factory=list)  # slots whose env raised: rebuilt before their reset
 
 
-@dataclass
-class TickPlan:
-    """One batched step: the ``[N, *action_shape]`` batch, holds included, and the slots to park first.
-
-    ``mask`` (``[N]`` bool, ready mode) says which slots step; None steps them all (lockstep).
-    """
-
-    actions: np.ndarray
-    park: list[int]
-    acting: list[tuple[Slot, str | None, Any]]  # (slot, its token, its action) when planned
-    mask: np.ndarray | None = None
-    lane: int | None = None  # lanes mode: the lane this step belongs to
-    started: float = 0.0  # lanes mode: when the bridge began the step
-
-
-class BridgeEngine:
-    """Slots, claims and tick rules of one bridge with ``width`` slots (see the module docstring)."""
+class BridgeEngine(TickRules, FaultRules):
+    """Slots, claims and tick rules of one bridge with ``width`` slots (see the module docstring):
+    the ticks are :class:`~.ticks.TickRules`, the faults :class:`~.faults.FaultRules`."""
 
     def __init__(self, width: int, contract: Contract, hold_action: Any, *, hold: str = "zeros",
                  wave: bool = False, timeouts: Timeouts | None = None,
@@ -407,81 +320,6 @@ class BridgeEngine:
             for s in self.slots:
                 s.needs_park_reset = False
 
-    def reset_failed(self, plan: ResetPlan, traceback: str) -> tuple[SimFailed, list[tuple[int, SlotFailure]]]:
-        """The sim raised during ``plan`` and cannot pin it on a slot: the bridge is broken, the slots
-        being bound fail, and so does every LIVE episode at once (none could ever step again).
-        Returns the reset's failure and ``(slot index, failure)`` for each LIVE slot ended."""
-        self._mark_broken(traceback)
-        self._wave_resetting = False
-        which = ", ".join(map(str, plan.indices))
-        cause = f"slot {which}'s reset" if len(plan.indices) == 1 else f"the reset of slots {which}"
-        failure = SimFailed(f"sim raised during reset: {self.broken_reason}")
-        for s in plan.slots:
-            if s.connected:  # per-slot reset at bind; a wave's claimers hear it from reset()
-                self._end(s, str(failure), failure)
-        return failure, self._break_live(cause)
-
-    def _break_live(self, cause: str) -> list[tuple[int, SlotFailure]]:
-        """End every LIVE episode of a bridge that ``cause`` broke; returns them, to be told now."""
-        ended: list[tuple[int, SlotFailure]] = []
-        for s in self.slots:
-            if s.state is SlotState.LIVE:
-                failure = BridgeBroken(f"slot {s.index}: bridge broken by {cause}: {self.broken_reason}; "
-                                       "the pool replaces it")
-                self._end(s, str(failure), failure)
-                ended.append((s.index, failure))
-        return ended
-
-    # ---------------------------------------------------------------- faults
-    def faulted(self, acting: list[tuple[Slot, str | None]], faults: dict[int, str],
-                stage: str, intact: Any = ()) -> list[tuple[int, SimFailed]]:
-        """The envs of ``faults``' slots raised during a ``stage`` (reset, step) of a sim that isolates
-        its slots: each one's episode fails (if it was one of ``acting``, as ``(slot, token)``), its
-        env is to be rebuilt (:meth:`to_rebuild`) or, after ``max_faults`` faults, the slot is retired.
-        Every other slot is untouched, and so is each slot of ``intact`` (its env is unharmed: the
-        claim itself could not be served). Returns the failures to tell the slots' agents now."""
-        tokens = {s.index: token for s, token in acting}
-        failed: list[tuple[int, SimFailed]] = []
-        for i, trace in sorted(faults.items()):
-            slot = self.slots[i]
-            why = last_line(trace)
-            if i not in intact and not (slot.service or "").startswith("retired"):  # (retired stays retired)
-                slot.faults += 1
-                if slot.faults >= self.max_faults:
-                    self._retire(slot, f"its env raised {slot.faults} times (last: {why})")
-                else:
-                    slot.service = "rebuild"
-            if i in tokens and slot.token is not None and slot.token == tokens[i]:
-                what = f"slot {i} could not serve this claim" if i in intact else f"slot {i}'s env raised"
-                failure = SimFailed(f"{what} during {stage}: {why}; this episode fails, the "
-                                    f"bridge's other slots go on\n{trace.rstrip()}")
-                self._end(slot, str(failure), failure)
-                failed.append((i, failure))
-        return failed
-
-    def to_rebuild(self) -> list[int]:
-        """Slots whose env raised and is not rebuilt yet, and that no claim holds (a claimed one is
-        rebuilt by its own reset: :attr:`ResetPlan.rebuild`)."""
-        return [s.index for s in self.slots
-                if s.service == "rebuild" and s.state in (SlotState.FREE, SlotState.DONE)]
-
-    def rebuilt(self, index: int, error: str | None) -> None:
-        """Slot ``index``'s env was rebuilt (``error`` None) or its rebuild raised: it is retired."""
-        slot = self.slots[index]
-        if slot.service != "rebuild":
-            return
-        if error is None:
-            slot.service = None
-        else:
-            self._retire(slot, f"its env could not be rebuilt ({last_line(error)})")
-
-    def _retire(self, slot: Slot, why: str) -> None:
-        slot.service = f"retired: {why}"
-        left = self.in_service
-        self.notes.append(f"slot {slot.index} retired: {why}; the bridge runs on {left} of {self.width} slots")
-        if not left:
-            self._mark_broken(f"every slot of this bridge was retired: {why}")
-
     # ------------------------------------------------------------- agent side
     def open(self, now: float) -> Handshake:
         """An agent connected; it has until ``now + Timeouts.claim`` to send its claim frame."""
@@ -596,160 +434,6 @@ class BridgeEngine:
                 expired.append((s, failure))
         return expired
 
-    # ------------------------------------------------------------------ ticks
-    def ready_to_step(self, now: float = math.inf) -> bool:
-        """Whether to step at ``now``: every live slot has sent its action (and one slot is live), or,
-        in ready mode, the window of the first pending action has closed (default ``now``: it has)."""
-        live, ready = SlotState.LIVE, self._ready  # (locals: this runs once per action received)
-        any_live, all_in, first = False, True, math.inf
-        for s in self.slots:
-            if s.state is live:
-                any_live = True
-                if s.pending_action is None:
-                    if not ready:
-                        return False  # lockstep: one missing action is enough to wait
-                    all_in = False
-                elif s.acted_at < first:
-                    first = s.acted_at
-        if not any_live:
-            return False
-        if all_in:
-            return True
-        return first != math.inf and now >= first + self.tick_window
-
-    def tick_due(self) -> float | None:
-        """Ready mode: when the window of the first pending action closes (None when nothing waits)."""
-        if not self._ready:
-            return None
-        pending = [s.acted_at for s in self.slots
-                   if s.state is SlotState.LIVE and s.pending_action is not None]
-        return min(pending) + self.tick_window if pending else None
-
-    def plan_tick(self, now: float = math.inf) -> TickPlan | None:
-        """The next batched step, or None when the rules say not to step at ``now``."""
-        if self.broken or not self.ready_to_step(now):
-            return None
-        if self.wave and any(s.state is SlotState.CLAIMED for s in self.slots):
-            return None  # a reset slot whose agent has not bound yet must not be stepped
-        actions = np.empty(self._batch_shape, self._hold_action.dtype)
-        park, acting = [], []
-        if self._ready:  # only the slots whose actions are in; the others are not stepped at all
-            mask = np.zeros(len(self.slots), bool)
-            for s in self.slots:
-                if s.state is SlotState.LIVE and s.pending_action is not None:
-                    actions[s.index] = s.pending_action
-                    acting.append((s, s.token, s.pending_action))
-                    mask[s.index] = True
-                else:
-                    actions[s.index] = self._hold_action  # keeps the batch well-formed; not stepped
-            return TickPlan(actions, park, acting, mask)
-        repeat = self.hold == "repeat"
-        # a slot out of service (its env raised) is neither parked nor stepped: only the others are
-        out = [s.index for s in self.slots if s.service is not None] if self.isolates else []
-        mask = None
-        if out:
-            mask = np.ones(len(self.slots), bool)
-            mask[out] = False
-        for s in self.slots:
-            live = s.state is SlotState.LIVE
-            if s.needs_park_reset and not live and not self.wave and s.service is None:
-                park.append(s.index)
-            if live:
-                actions[s.index] = s.pending_action
-                acting.append((s, s.token, s.pending_action))
-            elif repeat and s.last_action is not None:
-                actions[s.index] = s.last_action
-            else:
-                actions[s.index] = self._hold_action
-        return TickPlan(actions, park, acting, mask)
-
-    def plan_lane(self, lane: int) -> TickPlan | None:
-        """Lanes mode: the step of ``lane``'s LIVE slots once every one of them has acted, else None.
-        The caller keeps a lane from being planned again while its step is under way."""
-        if self.broken:
-            return None
-        live, acting = SlotState.LIVE, []
-        for s in self.lane_slots[lane]:
-            if s.state is live:
-                if s.pending_action is None:
-                    return None
-                acting.append((s, s.token, s.pending_action))
-        if not acting:
-            return None
-        actions = np.empty(self._batch_shape, self._hold_action.dtype)
-        actions[...] = self._hold_action  # keeps the batch well-formed; only ``mask`` is stepped
-        mask = np.zeros(len(self.slots), bool)
-        for s, _, action in acting:
-            actions[s.index] = action
-            mask[s.index] = True
-        return TickPlan(actions, [], acting, mask, lane)
-
-    def apply_batch(self, plan: TickPlan, batch: Any, obs: dict[str, np.ndarray],
-                    now: float, pack: Callable[..., Any] | None = None) -> list[tuple[int, Any]]:
-        """Tally a step's ``batch`` (a :class:`StepBatch`) and ``obs`` (``{feature: [N, ...]}``).
-
-        Returns ``(slot index, observation frame)`` for every slot that acted. ``pack(obs)`` (e.g.
-        :func:`pytest_hud.wire.codec.rows_packer`) returns ``f(i, reward, done, truncated, success)``, which
-        turns slot ``i``'s frame into what is returned instead of the frame's dict. A slot released
-        while the step ran (its token changed) is left alone: its next episode must not inherit the step.
-        """
-        slots = self.slots
-        for i in plan.park:
-            slots[i].needs_park_reset = False
-        self.ticks += 1
-        self.slot_steps += len(plan.acting)
-        ended = batch.terminated | batch.truncated
-        if plan.mask is None:
-            self.env_steps += len(slots)
-        else:
-            self.env_steps += int(plan.mask.sum())
-            ended &= plan.mask  # a slot that was not stepped cannot have ended
-        for i in np.flatnonzero(ended):
-            slots[i].needs_park_reset = True
-        # Python lists: one conversion per tick instead of a numpy scalar per slot and field
-        rewards, success = np.asarray(batch.rewards, np.float64).tolist(), np.asarray(batch.success).tolist()
-        score = None if batch.score is None else np.asarray(batch.score, np.float64).tolist()
-        ended_l, terminated, truncated_l = ended.tolist(), np.asarray(batch.terminated).tolist(), \
-            np.asarray(batch.truncated).tolist()
-        deadline = now + self.timeouts.step
-        frame = (pack or _rows)(obs)
-        frames = []
-        for s, token, action in plan.acting:
-            if s.token != token:
-                continue
-            i = s.index
-            reward = rewards[i]
-            s.steps += 1
-            s.total_reward += reward
-            if success[i]:
-                s.success = True  # latched: a later step cannot take it back
-            if score is not None and not math.isnan(score[i]):
-                s.score = score[i]
-            s.last_action, s.pending_action = action, None
-            done, truncated = bool(ended_l[i]), bool(truncated_l[i])
-            if done:
-                s.terminated, s.truncated = bool(terminated[i]), truncated
-                s.state, s.deadline = SlotState.DONE, None
-            elif s.state is SlotState.LIVE:
-                s.deadline, s.awaiting = deadline, "action"
-            frames.append((i, frame(i, reward, done, truncated, s.success)))
-        return frames
-
-    def step_failed(self, plan: TickPlan, traceback: str) -> list[tuple[int, SlotFailure]]:
-        """The sim raised during ``plan`` and cannot pin it on a slot: the bridge is broken, every slot
-        that acted fails, and so does every other LIVE one at once (it could never step again)."""
-        self._mark_broken(traceback)
-        # the exception's own line first: it is what a summary line or a report shows
-        why = f"sim raised during step: {self.broken_reason}\n{self.broken}"
-        failed: list[tuple[int, SlotFailure]] = []
-        for s, token, _ in plan.acting:
-            if s.token == token:
-                failure = SimFailed(f"slot {s.index}: {why}")
-                self._end(s, why, failure)
-                failed.append((s.index, failure))
-        stepped = ", ".join(str(s.index) for s, _, _ in plan.acting) or "none"
-        return failed + self._break_live(f"a step of slots {stepped}")
-
     # --------------------------------------------------------------- helpers
     def _end(self, slot: Slot, error: str | None, failure: SlotFailure | None = None) -> None:
         if slot.state is SlotState.LIVE or slot.state is SlotState.CLAIMED:
@@ -763,21 +447,6 @@ class BridgeEngine:
     def _mark_broken(self, traceback: str) -> None:
         if not self.broken:
             self.broken = traceback.strip()
-
-
-def _rows(obs: dict[str, np.ndarray]) -> Callable[[int, float, bool, bool, bool], dict[str, Any]]:
-    """Slot ``i``'s observation frame of a step's ``obs``, as a dict."""
-    return lambda i, *outcome: _frame({k: v[i] for k, v in obs.items()}, *outcome)
-
-
-def _frame(obs: dict[str, Any], reward: float, done: bool, truncated: bool, success: bool) -> dict[str, Any]:
-    """One observation frame: the contract's features plus the step's outcome (DESIGN §4)."""
-    out: dict[str, Any] = dict(obs)
-    out["reward"] = np.float32(reward)
-    out["terminated"] = done  # terminated or truncated: the episode is over either way
-    out["truncated"] = truncated
-    out["success"] = success
-    return out
 
 
 def _describe(value: Any) -> str:

@@ -1,36 +1,38 @@
-"""The bridge's I/O shell: the control channel, the slot WebSockets and the sim calls.
+"""The bridge's I/O shell: the slot WebSockets and the tick, on top of the control channel's handlers.
 
 Runs on an asyncio loop in a background thread. What happens to a slot (claims, ticks, holds,
 timeouts, failures) is decided by :class:`~.engine.BridgeEngine`; this module decodes frames, asks
-the engine, runs the sim calls it plans on the main thread through ``submit(loop, fn, *args)``
-(an awaitable answer; see :mod:`pytest_hud.bridge.mainthread`), serialised by one lock so a slot's
-reset can never interleave with a batched step, and sends back what the engine answers. The tick
-writes every acting slot's observation itself, and one timer watches all deadlines: the per-step
-path has one wake-up per tick, not one per slot.
+the engine, runs the sim calls it plans (:mod:`.simcalls`) on the main thread through
+``submit(loop, fn, *args)`` (an awaitable answer; see :mod:`pytest_hud.bridge.mainthread`),
+serialised by one gate (:mod:`.simgate`) so a slot's reset can never interleave with a batched
+step, and sends back what the engine answers. The tick writes every acting slot's observation
+itself, and one timer watches all deadlines: the per-step path has one wake-up per tick, not one
+per slot. The control channel's RPC handlers (claims, grades, releases, env rebuilds) are
+:class:`~.control.ControlHandlers`, a mixin of :class:`BridgeServer`, so this module keeps the
+per-step path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from pytest_hud.wire.rpc import RpcError, RpcServer
+from pytest_hud.wire.rpc import RpcServer
 from pytest_hud.wire.codec import MAX_FRAME_BYTES, WireError, packb, rows_packer, unpack_action, unpackb
-from pytest_hud.sim.base import FaultLog, VectorSim, sim_stats, stepping_hint
+from pytest_hud.sim.base import VectorSim
+from pytest_hud.bridge.closing import close_code, fail
+from pytest_hud.bridge.control import ControlHandlers
 from pytest_hud.bridge.engine import (
-    DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, ResetPlan, Timeouts, resolve_tick,
+    DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, Timeouts, resolve_tick,
 )
-from pytest_hud.bridge.failures import BadAction, BadClaim, SimFailed, SlotError, SlotFailure, TaskError
+from pytest_hud.bridge.failures import BadAction, BadClaim, SimFailed, SlotFailure
+from pytest_hud.bridge.simcalls import explain, lane_end, park_step_observe
+from pytest_hud.bridge.simgate import SimGate
 from pytest_hud.bridge.slots import Slot, SlotState
-from pytest_hud.sim.threads import default_threads
 from pytest_hud.bridge.wsserver import WsConnection, WsServer, serve_ws
 
 __all__ = ["BridgeServer", "Timeouts", "close_code"]
@@ -38,12 +40,7 @@ __all__ = ["BridgeServer", "Timeouts", "close_code"]
 PROTOCOL = "pytest-hud/control/1"
 
 
-def close_code(failure: SlotFailure) -> int:
-    """The WebSocket close code after ``failure``'s error frame: 1011 for a sim fault, else 1008."""
-    return 1011 if isinstance(failure, SimFailed) else 1008
-
-
-class BridgeServer:
+class BridgeServer(ControlHandlers):
     def __init__(
         self,
         sim: VectorSim,
@@ -85,7 +82,7 @@ class BridgeServer:
         self._held_timer: asyncio.TimerHandle | None = None
         self.started = time.monotonic()
         self._wave_gather_s = wave_gather_s
-        self._sim_gate = _SimGate(on_free=self._maybe_tick if self.engine.lane_slots else None)
+        self._sim_gate = SimGate(on_free=self._maybe_tick if self.engine.lane_slots else None)
         self._lanes_busy: set[int] = set()  # lanes mode: lanes whose step is under way
         self._slot_changed = asyncio.Condition()
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
@@ -150,183 +147,6 @@ class BridgeServer:
             "claims": self.engine.claims.to_dict(),
         }
 
-    # --------------------------------------------------------------- control
-    async def _rpc_contract(self, conn: Any) -> dict[str, Any]:
-        return self.contract_dict
-
-    async def _rpc_stats(self, conn: Any) -> dict[str, Any]:
-        engine = self.engine
-        return {
-            "width": engine.width,
-            "pid": os.getpid(),
-            "target": self.target,
-            "build": engine.build_args,
-            "broken": engine.broken,
-            "ticks": engine.ticks,
-            "env_steps": engine.env_steps,
-            "slot_steps": engine.slot_steps,
-            "episodes": engine.episodes,
-            "uptime_s": time.monotonic() - self.started,
-            "slots": engine.snapshot(),
-            "wave": engine.wave,
-            "tick": engine.tick,
-            "start_together": engine.start_together,
-            "starts_held": len(self._held),
-            "vectorization": self.sim.vectorization,
-            "tasks": list(engine.tasks),
-            "sim": sim_stats(self.sim),
-            "step_s": self.step_s,
-            "hint": stepping_hint(self.sim, engine.ticks, engine.env_steps, self.step_s,
-                                  self._ticked_until - self._ticked_from, default_threads(engine.width)),
-            "isolates": engine.isolates,
-            "in_service": engine.in_service,
-            "notes": list(engine.notes),
-        }
-
-    async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
-        engine = self.engine
-        try:
-            task = engine.check_task(task)
-        except TaskError as exc:
-            raise RpcError(str(exc)) from None
-        deadline = time.monotonic() + engine.timeouts.wait_slot
-        async with self._slot_changed:
-            while True:
-                if engine.broken:
-                    raise RpcError(f"bridge is broken: {engine.broken_reason}; the pool will replace it")
-                if engine.can_claim():
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RpcError(
-                        f"no slot of {engine.width} became free within "
-                        f"{engine.timeouts.wait_slot:.0f} s; raise --hud-width or release tokens"
-                    )
-                try:
-                    await asyncio.wait_for(self._slot_changed.wait(), remaining)
-                except TimeoutError:
-                    continue
-            slot = engine.claim(conn.id, task)
-        if engine.wave:
-            await self._join_wave(slot)
-        # the seed (drawn here when the claim gave none) and task the episode runs: its record's
-        return {"token": slot.token, "slot": slot.index, "prompt": slot.prompt, "seed": slot.seed,
-                "task": slot.task.get("task")}
-
-    async def _join_wave(self, slot: Slot) -> None:
-        """Wave fallback: wait for the next global reset, which gathers every pending claim."""
-        if self._wave_task is None or self._wave_task.done():
-            self._wave_task = asyncio.ensure_future(self._run_wave())
-        await asyncio.shield(self._wave_task)
-        if slot.first_obs is None:
-            raise RpcError(f"slot {slot.index} missed its wave reset: {slot.error}")
-
-    async def _run_wave(self) -> None:
-        await asyncio.sleep(self._wave_gather_s)
-        async with self._sim_gate:
-            plan = self.engine.plan_wave()
-            if plan is None:
-                return
-            try:
-                await self._reset(plan)
-            except SimFailed as failure:
-                async with self._slot_changed:
-                    self._slot_changed.notify_all()  # claims waiting for the next wave hear it is broken
-                raise RpcError(str(failure)) from None
-
-    async def _reset(self, plan: ResetPlan) -> None:
-        """Run ``plan`` on the main thread. A sim exception breaks the bridge (raises :class:`SimFailed`;
-        every LIVE episode hears it at once); where the sim isolates its slots, only the slots whose
-        envs raised fail (raises :class:`SimFailed` when the slot of ``plan`` is one of them)."""
-        engine = self.engine
-        try:
-            flags, rows, faults = await self._sim_call(
-                _reset_and_observe, self.sim, plan.indices, plan.seeds, plan.options, plan.tasks, plan.rebuild
-            )
-        except Exception:
-            failure, ended = engine.reset_failed(plan, _explain(traceback.format_exc()))
-            self._tell(ended)
-            raise failure from None
-        if not faults:
-            for i in plan.rebuild:
-                engine.rebuilt(i, None)
-            engine.apply_reset(plan, flags, rows)
-            return
-        if not engine.isolates:  # a sim that says it isolates slots but does not: broken, as above
-            failure, ended = engine.reset_failed(plan, _explain("\n".join(faults.values())))
-            self._tell(ended)
-            raise failure
-        for i in plan.rebuild:  # a rebuild that raised retires its slot
-            engine.rebuilt(i, faults.get(i))
-        failed = dict(engine.faulted([(s, s.token) for s in plan.slots], faults, "reset", faults.intact))
-        keep = [n for n, i in enumerate(plan.indices) if i not in faults]
-        if keep:
-            kept = ResetPlan([plan.slots[n] for n in keep], [plan.indices[n] for n in keep],
-                             [plan.seeds[n] for n in keep], [plan.options[n] for n in keep],
-                             None if plan.tasks is None else [plan.tasks[n] for n in keep])
-            engine.apply_reset(kept, [flags[n] for n in keep], {k: v[keep] for k, v in rows.items()})
-        self._rebuild_soon()
-        if failed:
-            raise next(iter(failed.values()))
-
-    def _tell(self, failed: list[tuple[int, SlotFailure]]) -> None:
-        """Send each ``(slot index, failure)`` to that slot's agent now."""
-        for i, failure in failed:
-            conn = self._sockets.get(i)
-            if conn is not None:
-                _fail(conn, failure)
-
-    def _rebuild_soon(self) -> None:
-        """Rebuild the envs that raised (on the main thread, in turn with resets and steps)."""
-        if self._rebuild_task is None or self._rebuild_task.done():
-            self._rebuild_task = asyncio.ensure_future(self._rebuild())
-
-    async def _rebuild(self) -> None:
-        async with self._sim_gate:
-            for i in self.engine.to_rebuild():
-                try:
-                    await self._sim_call(self.sim.rebuild_slot, i)
-                except Exception:  # noqa: BLE001 - the slot is retired; the others go on
-                    self.engine.rebuilt(i, traceback.format_exc())
-                else:
-                    self.engine.rebuilt(i, None)
-        async with self._slot_changed:
-            self._slot_changed.notify_all()  # claims waiting for a slot: one may be back in service
-
-    def _owned(self, conn: Any, token: Any) -> Slot:
-        try:
-            return self.engine.owned(conn.id, token)
-        except SlotError as exc:
-            raise RpcError(str(exc)) from None
-
-    async def _rpc_result(self, conn: Any, token: Any) -> dict[str, Any]:
-        slot = self._owned(conn, token)
-        result = self.engine.grade(slot)
-        await self._free(slot, "episode graded")
-        return result
-
-    async def _rpc_release(self, conn: Any, token: Any) -> dict[str, Any]:
-        slot = self._owned(conn, token)
-        await self._free(slot, "token released")
-        return {"released": True, "slot": slot.index}
-
-    async def _on_control_close(self, conn: Any) -> None:
-        for slot in self.engine.owned_by(conn.id):
-            await self._free(slot, "the control connection that claimed this slot closed")
-
-    async def _free(self, slot: Slot, why: str) -> None:
-        ws = self._sockets.pop(slot.index, None)
-        awaiting = slot.state is SlotState.LIVE and slot.pending_action is not None
-        failure = self.engine.release(slot, why)
-        if ws is not None:  # an agent waiting for an observation reads why, as a text frame
-            if awaiting:
-                _fail(ws, failure)
-            else:
-                ws.close(1000, _close_reason(why))
-        async with self._slot_changed:
-            self._slot_changed.notify_all()
-        self._maybe_tick()  # a released slot may have been the one the tick waited for
-
     # ------------------------------------------------------------- websocket
     # The slot sockets are callbacks from :mod:`.wsserver`: a message is handled in the loop
     # iteration that read it, and the per-step path (an action in, the tick, the observations
@@ -368,7 +188,7 @@ class BridgeServer:
         """This connection's part is over: a readable error first if there is one, then close."""
         peer.done = True
         if failure is not None:
-            _fail(conn, failure)
+            fail(conn, failure)
         else:
             conn.close(1000)
 
@@ -498,7 +318,7 @@ class BridgeServer:
             if isinstance(late, Slot):
                 conn = self._sockets.get(late.index)
                 if conn is not None:
-                    _fail(conn, failure)
+                    fail(conn, failure)
             else:
                 conn = self._handshakes.pop(late, None)
                 if conn is not None:
@@ -564,7 +384,7 @@ class BridgeServer:
         self._step_started = now
         if not self._ticked_from:
             self._ticked_from = now
-        self._call(self._tick_done, plan, _park_step_observe, self.sim, plan.park, plan.actions, plan.mask)
+        self._call(self._tick_done, plan, park_step_observe, self.sim, plan.park, plan.actions, plan.mask)
 
     def _tick_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
         self._ticked_until = time.monotonic()
@@ -583,7 +403,7 @@ class BridgeServer:
         if error is None and result[2] and not engine.isolates:
             error = RuntimeError("\n".join(result[2].values()))  # said it isolates slots, but cannot
         if error is not None:
-            why = _explain("".join(traceback.format_exception(error)))
+            why = explain("".join(traceback.format_exception(error)))
             self._tell(engine.step_failed(plan, why))
             return
         batch, obs, faults = result
@@ -625,7 +445,7 @@ class BridgeServer:
     def _lane_readable(self, plan: Any, fd: int) -> None:
         asyncio.get_running_loop().remove_reader(fd)
         os.set_blocking(fd, True)  # uvloop's reader made it non-blocking; the pipe's reads and writes block
-        self._call(self._lane_done, plan, _lane_end, self.sim, plan.lane)
+        self._call(self._lane_done, plan, lane_end, self.sim, plan.lane)
 
     def _lane_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
         self._ticked_until = time.monotonic()
@@ -657,143 +477,3 @@ class _Peer:
         self.early: list[bytes | str] = []
         self.done = False  # this connection's part is over (an error sent, or the episode ended)
         self.closed = False
-
-
-class _SimGate:
-    """One sim call sequence at a time, in arrival order (what ``asyncio.Lock`` does), plus
-    :meth:`try_take` for the tick's synchronous path.
-
-    Lanes mode: lane steps *share* the gate (:meth:`try_share`, :meth:`release_share`), any number
-    at once, while nobody holds it or waits for it whole; a holder waits until the shares are
-    back. ``on_free`` is called when the gate becomes free after a whole hold, so that lanes whose
-    actions came in meanwhile start.
-    """
-
-    def __init__(self, on_free: Callable[[], None] | None = None) -> None:
-        self._busy = False
-        self._shares = 0
-        self._waiters: deque[asyncio.Future] = deque()
-        self._on_free = on_free
-
-    def try_take(self) -> bool:
-        if self._busy or self._shares:
-            return False
-        self._busy = True
-        return True
-
-    def try_share(self) -> bool:
-        if self._busy or self._waiters:
-            return False
-        self._shares += 1
-        return True
-
-    def release_share(self) -> None:
-        self._shares -= 1
-        if not self._shares:
-            self._hand_over()
-
-    async def acquire(self) -> None:
-        if self.try_take():
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # it was handed over just as this caller gave up: pass it on
-            raise
-
-    def release(self) -> None:
-        self._busy = False
-        self._hand_over()
-        if not self._busy and self._on_free is not None:
-            self._on_free()
-
-    def _hand_over(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._busy = True
-                waiter.set_result(None)  # busy again: handed to that waiter
-                return
-
-    async def __aenter__(self) -> None:
-        await self.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
-
-
-# ----------------------------------------------------------- main-thread work
-def _reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None, rebuild=()):
-    """Reset slots ``idx`` (after rebuilding the envs of ``rebuild``); returns their success flags
-    at reset, their observation rows, and ``{slot: traceback}`` for slots whose envs raised."""
-    faults = FaultLog()
-    for i in rebuild:
-        try:
-            sim.rebuild_slot(i)
-        except Exception:  # noqa: BLE001 - that slot's claim fails, the others reset
-            faults[i] = traceback.format_exc()
-    live = [n for n, i in enumerate(idx) if i not in faults]
-    flags = np.zeros(len(idx), bool)
-    if live:
-        idx_, seeds_, options_ = [idx[n] for n in live], [seeds[n] for n in live], [options[n] for n in live]
-        if tasks is not None:  # a multi-task sim takes each slot's task (and options) itself
-            got = faults.call(sim.reset_slots, idx_, seeds_, options_, tasks=[tasks[n] for n in live])
-        elif len({json.dumps(o, sort_keys=True, default=str) for o in options_}) > 1:
-            # options differ: one reset call per slot keeps each slot's options its own
-            got = np.concatenate([faults.call(sim.reset_slots, [i], [s], [o])
-                                  for i, s, o in zip(idx_, seeds_, options_)])
-        else:
-            got = faults.call(sim.reset_slots, idx_, seeds_, options_)
-        flags[live] = np.asarray(got, bool)
-    return flags, {k: v[idx] for k, v in sim.observe().items()}, faults  # fancy indexing copies the rows
-
-
-def _park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask: np.ndarray | None = None):
-    """Park finished slots, step (``mask``: only those slots), observe; slot faults ride along."""
-    faults = FaultLog()
-    if park:
-        if getattr(sim, "tasks", ()):  # a None task: the episode is over, idle until the next claim
-            faults.call(sim.reset_slots, park, [None] * len(park), [None] * len(park), tasks=[None] * len(park))
-        else:
-            faults.call(sim.reset_slots, park, [None] * len(park), [None] * len(park))
-        if faults:  # a parked env that raised is not stepped: it is rebuilt
-            mask = np.ones(sim.width, bool) if mask is None else mask.copy()
-            mask[list(faults)] = False
-    batch = faults.call(sim.step, actions) if mask is None else faults.call(sim.step_slots, actions, mask)
-    return batch, sim.observe(), faults
-
-
-def _lane_end(sim: VectorSim, lane: int):
-    """A lane's step (:meth:`ProcessSim.lane_end`), its slot faults riding along."""
-    faults = FaultLog()
-    batch, obs = faults.call(sim.lane_end, lane)  # type: ignore[attr-defined]
-    return batch, obs, faults
-
-
-_OWN_LOOP = ("cannot be called from a running event loop", "This event loop is already running")
-
-
-def _explain(trace: str) -> str:
-    """A sim's traceback, with the fix named on its last line when the fix is the bridge's layout:
-    a sim that runs an asyncio loop of its own inside a call cannot share a thread with the
-    serving loop."""
-    lines = trace.rstrip().splitlines()
-    if lines and any(marker in lines[-1] for marker in _OWN_LOOP):
-        lines[-1] += ("; this sim runs an asyncio event loop of its own, so serve it with its sockets "
-                      "on another thread: --hud-io-thread (bridge: --io-thread)")
-    return "\n".join(lines)
-
-
-def _fail(conn: WsConnection, failure: SlotFailure) -> None:
-    """Send a readable error as a text frame, then close (DESIGN §4)."""
-    message = str(failure)
-    conn.send(message)
-    conn.close(close_code(failure), _close_reason(message))
-
-
-def _close_reason(message: str) -> str:
-    """The start of ``message`` that fits a close frame: 123 bytes of UTF-8, not 123 characters."""
-    return message.encode(errors="replace")[:123].decode(errors="ignore")

@@ -1,0 +1,309 @@
+"""The bridge's tick rules without I/O: the tick mode, when to step, what a step steps, what it returns.
+
+:class:`TickRules` is the tick half of :class:`~pytest_hud.bridge.engine.BridgeEngine`, a mixin with
+no state of its own: the engine is still one pure class, read and unit-tested as one, while its
+tick rules are read here, apart from claims (:mod:`.engine`) and faults (:mod:`.faults`).
+
+Tick rules (DESIGN §6). A bridge ticks in one of three modes (:func:`resolve_tick` picks it):
+
+- **lockstep** (natively batched sims, and any sim that cannot step a subset of its slots): step
+  when every LIVE slot has sent an action; every other slot gets the hold action (zeros, or its last
+  action with ``hold="repeat"``). A CLAIMED slot is reset with its claim's seed only when its agent
+  binds, so hold-steps before that cannot leak into its episode; in wave mode no step at all while a
+  reset slot waits for its agent. A finished sub-env is parked (reset without a seed) before the
+  next step, except in wave mode: a sim that resets all slots at once would reset live ones too, so
+  its finished sub-envs are stepped with holds until the next wave;
+- **ready** (sims whose slots are independent envs: ``VectorSim.supports_slot_step``): step only
+  the LIVE slots whose actions are in, once every LIVE slot has acted or ``tick_window`` seconds
+  after the first pending action arrived, whichever comes first. Nothing else is stepped (no holds,
+  no parking), so a slow policy never sets its peers' pace and an episode's steps are the same as
+  under lockstep;
+- **lanes** (sims whose slots are independent envs spread over processes that step at the same
+  time: ``VectorSim.supports_lane_ticks``): each lane (process) ticks in lockstep on its own, when
+  every LIVE slot of that lane has acted, while other lanes' steps are under way. Only the LIVE
+  slots of the lane are stepped (no holds, no parking, as in ready mode). Slots of a lane still
+  act together, so a batching policy server still gets their requests together, and one lane's
+  forward pass overlaps the other lanes' sim steps;
+- never step when no slot is LIVE;
+- a bad action fails that slot only (:meth:`~pytest_hud.bridge.engine.BridgeEngine.submit_action`);
+- a sim exception fails only the episodes of the slots whose envs raised, where the sim isolates
+  its slots; any other breaks the bridge and fails every LIVE episode at once (:mod:`.faults`);
+- a slot silent past its deadline (first action, then each step) is failed; its peers continue
+  (:meth:`~pytest_hud.bridge.engine.BridgeEngine.expire`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from pytest_hud.bridge.failures import SimFailed, SlotFailure
+from pytest_hud.bridge.slots import Slot, SlotState
+
+__all__ = ["DEFAULT_TICK_WINDOW", "TICK_MODES", "TickPlan", "TickRules", "resolve_tick"]
+
+#: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the others.
+TICK_MODES = ("auto", "lockstep", "ready", "lanes")
+#: Ready mode's default window (seconds): long enough that agents answering one tick's frames
+#: together land in one step, short next to a policy's milliseconds (``benchmarks/stragglers.py``).
+DEFAULT_TICK_WINDOW = 0.001
+
+
+def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool, batched_parallel: bool = False,
+                 lane_ticks: bool = False) -> str:
+    """The tick mode a bridge runs: ``auto`` is ``ready`` where the sim can step and reset its slots
+    one by one, else ``lockstep``. Raises ValueError for an unknown mode, or ``ready`` or ``lanes``
+    on a sim that cannot do it.
+
+    ``batched_parallel``: a batching policy server answers the episodes and the sim steps its slots
+    in parallel (processes, threads). ``auto`` is then ``lanes`` where the sim can tick its lanes
+    apart (``lane_ticks``: processes), else ``lockstep``: slots stepped together ask the server
+    together, so its batches fill (in ready mode the slots drift apart and each asks alone), and
+    with lanes one process's slots wait for their forward pass while another's step. A one-thread
+    bridge is better left to ready mode, where the sim steps some slots while others wait for the
+    server.
+
+    >>> resolve_tick("auto", slot_step=True, slot_reset=True), resolve_tick("auto", slot_step=False, slot_reset=True)
+    ('ready', 'lockstep')
+    >>> resolve_tick("auto", slot_step=True, slot_reset=True, batched_parallel=True, lane_ticks=True)
+    'lanes'
+    """
+    if requested not in TICK_MODES:
+        raise ValueError(f"tick mode must be auto, lockstep, ready or lanes, got {requested!r} (--hud-tick)")
+    can_ready = slot_step and slot_reset
+    if requested == "auto":
+        if can_ready and batched_parallel:
+            return "lanes" if lane_ticks else "lockstep"
+        return "ready" if can_ready else "lockstep"
+    if requested in ("ready", "lanes") and not can_ready:
+        why = ("steps all its slots in one batched call" if not slot_step
+               else "can only reset all its slots at once")
+        raise ValueError(
+            f"tick mode {requested!r} needs a sim whose slots are independent envs, but this sim {why}; "
+            "use --hud-tick=auto or --hud-tick=lockstep (a bridge started by hand: --tick)")
+    if requested == "lanes" and not lane_ticks:
+        raise ValueError(
+            "tick mode 'lanes' needs a sim whose slots step in several processes at once; use "
+            "--hud-vectorization=processes with a width of 2 or more on a machine with 2 or more cores, "
+            "or --hud-tick=ready (a bridge started by hand: --vectorization processes, --tick)")
+    return requested
+
+
+@dataclass
+class TickPlan:
+    """One batched step: the ``[N, *action_shape]`` batch, holds included, and the slots to park first.
+
+    ``mask`` (``[N]`` bool, ready mode) says which slots step; None steps them all (lockstep).
+    """
+
+    actions: np.ndarray
+    park: list[int]
+    acting: list[tuple[Slot, str | None, Any]]  # (slot, its token, its action) when planned
+    mask: np.ndarray | None = None
+    lane: int | None = None  # lanes mode: the lane this step belongs to
+    started: float = 0.0  # lanes mode: when the bridge began the step
+
+
+class _StepClock(Protocol):
+    """What the tick reads of the engine's :class:`~pytest_hud.bridge.engine.Timeouts`."""
+
+    step: float
+
+
+class TickRules:
+    """When a bridge steps, which slots a step takes and what it hands back to them (a mixin of
+    :class:`~pytest_hud.bridge.engine.BridgeEngine`; see the module docstring)."""
+
+    # The engine's state and helpers this mixin uses: declared, not imported, because the engine
+    # imports this module (set by BridgeEngine.__init__, or methods of the engine and FaultRules).
+    slots: list[Slot]
+    lane_slots: dict[int, list[Slot]]
+    broken: str | None
+    broken_reason: str
+    wave: bool
+    hold: str
+    isolates: bool
+    tick_window: float
+    timeouts: _StepClock
+    ticks: int
+    slot_steps: int
+    env_steps: int
+    _ready: bool
+    _hold_action: np.ndarray
+    _batch_shape: tuple[int, ...]
+    _end: Callable[..., None]
+    _mark_broken: Callable[[str], None]
+    _break_live: Callable[[str], list[tuple[int, SlotFailure]]]
+
+    def ready_to_step(self, now: float = math.inf) -> bool:
+        """Whether to step at ``now``: every live slot has sent its action (and one slot is live), or,
+        in ready mode, the window of the first pending action has closed (default ``now``: it has)."""
+        live, ready = SlotState.LIVE, self._ready  # (locals: this runs once per action received)
+        any_live, all_in, first = False, True, math.inf
+        for s in self.slots:
+            if s.state is live:
+                any_live = True
+                if s.pending_action is None:
+                    if not ready:
+                        return False  # lockstep: one missing action is enough to wait
+                    all_in = False
+                elif s.acted_at < first:
+                    first = s.acted_at
+        if not any_live:
+            return False
+        if all_in:
+            return True
+        return first != math.inf and now >= first + self.tick_window
+
+    def tick_due(self) -> float | None:
+        """Ready mode: when the window of the first pending action closes (None when nothing waits)."""
+        if not self._ready:
+            return None
+        pending = [s.acted_at for s in self.slots
+                   if s.state is SlotState.LIVE and s.pending_action is not None]
+        return min(pending) + self.tick_window if pending else None
+
+    def plan_tick(self, now: float = math.inf) -> TickPlan | None:
+        """The next batched step, or None when the rules say not to step at ``now``."""
+        if self.broken or not self.ready_to_step(now):
+            return None
+        if self.wave and any(s.state is SlotState.CLAIMED for s in self.slots):
+            return None  # a reset slot whose agent has not bound yet must not be stepped
+        actions = np.empty(self._batch_shape, self._hold_action.dtype)
+        park, acting = [], []
+        if self._ready:  # only the slots whose actions are in; the others are not stepped at all
+            mask = np.zeros(len(self.slots), bool)
+            for s in self.slots:
+                if s.state is SlotState.LIVE and s.pending_action is not None:
+                    actions[s.index] = s.pending_action
+                    acting.append((s, s.token, s.pending_action))
+                    mask[s.index] = True
+                else:
+                    actions[s.index] = self._hold_action  # keeps the batch well-formed; not stepped
+            return TickPlan(actions, park, acting, mask)
+        repeat = self.hold == "repeat"
+        # a slot out of service (its env raised) is neither parked nor stepped: only the others are
+        out = [s.index for s in self.slots if s.service is not None] if self.isolates else []
+        mask = None
+        if out:
+            mask = np.ones(len(self.slots), bool)
+            mask[out] = False
+        for s in self.slots:
+            live = s.state is SlotState.LIVE
+            if s.needs_park_reset and not live and not self.wave and s.service is None:
+                park.append(s.index)
+            if live:
+                actions[s.index] = s.pending_action
+                acting.append((s, s.token, s.pending_action))
+            elif repeat and s.last_action is not None:
+                actions[s.index] = s.last_action
+            else:
+                actions[s.index] = self._hold_action
+        return TickPlan(actions, park, acting, mask)
+
+    def plan_lane(self, lane: int) -> TickPlan | None:
+        """Lanes mode: the step of ``lane``'s LIVE slots once every one of them has acted, else None.
+        The caller keeps a lane from being planned again while its step is under way."""
+        if self.broken:
+            return None
+        live, acting = SlotState.LIVE, []
+        for s in self.lane_slots[lane]:
+            if s.state is live:
+                if s.pending_action is None:
+                    return None
+                acting.append((s, s.token, s.pending_action))
+        if not acting:
+            return None
+        actions = np.empty(self._batch_shape, self._hold_action.dtype)
+        actions[...] = self._hold_action  # keeps the batch well-formed; only ``mask`` is stepped
+        mask = np.zeros(len(self.slots), bool)
+        for s, _, action in acting:
+            actions[s.index] = action
+            mask[s.index] = True
+        return TickPlan(actions, [], acting, mask, lane)
+
+    def apply_batch(self, plan: TickPlan, batch: Any, obs: dict[str, np.ndarray],
+                    now: float, pack: Callable[..., Any] | None = None) -> list[tuple[int, Any]]:
+        """Tally a step's ``batch`` (a :class:`StepBatch`) and ``obs`` (``{feature: [N, ...]}``).
+
+        Returns ``(slot index, observation frame)`` for every slot that acted. ``pack(obs)`` (e.g.
+        :func:`pytest_hud.wire.codec.rows_packer`) returns ``f(i, reward, done, truncated, success)``, which
+        turns slot ``i``'s frame into what is returned instead of the frame's dict. A slot released
+        while the step ran (its token changed) is left alone: its next episode must not inherit the step.
+        """
+        slots = self.slots
+        for i in plan.park:
+            slots[i].needs_park_reset = False
+        self.ticks += 1
+        self.slot_steps += len(plan.acting)
+        ended = batch.terminated | batch.truncated
+        if plan.mask is None:
+            self.env_steps += len(slots)
+        else:
+            self.env_steps += int(plan.mask.sum())
+            ended &= plan.mask  # a slot that was not stepped cannot have ended
+        for i in np.flatnonzero(ended):
+            slots[i].needs_park_reset = True
+        # Python lists: one conversion per tick instead of a numpy scalar per slot and field
+        rewards, success = np.asarray(batch.rewards, np.float64).tolist(), np.asarray(batch.success).tolist()
+        score = None if batch.score is None else np.asarray(batch.score, np.float64).tolist()
+        ended_l, terminated, truncated_l = ended.tolist(), np.asarray(batch.terminated).tolist(), \
+            np.asarray(batch.truncated).tolist()
+        deadline = now + self.timeouts.step
+        frame = (pack or _rows)(obs)
+        frames = []
+        for s, token, action in plan.acting:
+            if s.token != token:
+                continue
+            i = s.index
+            reward = rewards[i]
+            s.steps += 1
+            s.total_reward += reward
+            if success[i]:
+                s.success = True  # latched: a later step cannot take it back
+            if score is not None and not math.isnan(score[i]):
+                s.score = score[i]
+            s.last_action, s.pending_action = action, None
+            done, truncated = bool(ended_l[i]), bool(truncated_l[i])
+            if done:
+                s.terminated, s.truncated = bool(terminated[i]), truncated
+                s.state, s.deadline = SlotState.DONE, None
+            elif s.state is SlotState.LIVE:
+                s.deadline, s.awaiting = deadline, "action"
+            frames.append((i, frame(i, reward, done, truncated, s.success)))
+        return frames
+
+    def step_failed(self, plan: TickPlan, traceback: str) -> list[tuple[int, SlotFailure]]:
+        """The sim raised during ``plan`` and cannot pin it on a slot: the bridge is broken, every slot
+        that acted fails, and so does every other LIVE one at once (it could never step again)."""
+        self._mark_broken(traceback)
+        # the exception's own line first: it is what a summary line or a report shows
+        why = f"sim raised during step: {self.broken_reason}\n{self.broken}"
+        failed: list[tuple[int, SlotFailure]] = []
+        for s, token, _ in plan.acting:
+            if s.token == token:
+                failure = SimFailed(f"slot {s.index}: {why}")
+                self._end(s, why, failure)
+                failed.append((s.index, failure))
+        stepped = ", ".join(str(s.index) for s, _, _ in plan.acting) or "none"
+        return failed + self._break_live(f"a step of slots {stepped}")
+
+
+def _rows(obs: dict[str, np.ndarray]) -> Callable[[int, float, bool, bool, bool], dict[str, Any]]:
+    """Slot ``i``'s observation frame of a step's ``obs``, as a dict."""
+    return lambda i, *outcome: _frame({k: v[i] for k, v in obs.items()}, *outcome)
+
+
+def _frame(obs: dict[str, Any], reward: float, done: bool, truncated: bool, success: bool) -> dict[str, Any]:
+    """One observation frame: the contract's features plus the step's outcome (DESIGN §4)."""
+    out: dict[str, Any] = dict(obs)
+    out["reward"] = np.float32(reward)
+    out["terminated"] = done  # terminated or truncated: the episode is over either way
+    out["truncated"] = truncated
+    out["success"] = success
+    return out
+
