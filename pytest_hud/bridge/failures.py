@@ -1,7 +1,7 @@
 """How a bridge refuses a claim or ends an episode: one exception class per kind of failure.
 
 Raised and returned by :mod:`.engine`. ``str(failure)`` is the readable message the agent gets as
-a text frame; :mod:`.server` picks the WebSocket close code from the class (a sim fault is 1011,
+a text frame; :mod:`.closing` picks the WebSocket close code from the class (a sim fault is 1011,
 anything the agent did or failed to do is 1008), never from the message's wording.
 """
 
