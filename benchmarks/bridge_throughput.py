@@ -70,7 +70,7 @@ async def drive_clients(address: BridgeAddress, width: int, ticks: int) -> tuple
         control = controls[i]
         seed = i
         while not stop.is_set():
-            claim = await control.reset(seed=seed)
+            claim = await control.claim(seed=seed)
             seed += width
             slot = await AsyncSlotClient.connect(address, claim.token)
             frame = slot.first_observation

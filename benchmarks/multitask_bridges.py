@@ -60,8 +60,8 @@ def start_bridge(target: str, width: int, build: dict, workdir: str) -> tuple[su
 def episode(address: BridgeAddress, task: str, seed: int, steps: int, build: dict, barrier: threading.Barrier) -> None:
     expert = ScriptedExpert()
     with ControlClient(address) as control:
-        claim = control.reset(seed=seed, task=task, build=build) if "tasks" in build else \
-            control.reset(seed=seed, build=build, prompt=task)
+        claim = control.claim(seed=seed, task=task, build=build) if "tasks" in build else \
+            control.claim(seed=seed, build=build, prompt=task)
         barrier.wait(60)  # every slot holds a claim at once: each runs this task
         with SlotClient(address, claim.token) as ws:
             frame = ws.first_observation

@@ -57,7 +57,7 @@ async def drive(addresses: list[BridgeAddress], width: int, seconds: float, buil
         seed = i
         try:
             while not stop.is_set():
-                claim = await control.reset(seed=seed, build=build)
+                claim = await control.claim(seed=seed, build=build)
                 seed += width
                 slot = await AsyncSlotClient.connect(address, claim.token)
                 frame = slot.first_observation

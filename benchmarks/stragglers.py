@@ -65,7 +65,7 @@ def client(index: int, address: dict, seconds: float, slow: bool, seed: int, bar
         barrier.wait()
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            claim = control.reset(seed=episode)
+            claim = control.claim(seed=episode)
             episode += 1000
             with SlotClient(address, claim.token) as ws:
                 frame = ws.first_observation

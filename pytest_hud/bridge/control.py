@@ -1,7 +1,7 @@
 """The bridge's control channel: the JSON-RPC handlers that claim, grade, release and rebuild its slots.
 
 :class:`ControlHandlers` is the control half of :class:`~pytest_hud.bridge.server.BridgeServer`,
-a mixin with no state of its own: ``contract``, ``stats``, ``reset`` (a claim, and in wave mode
+a mixin with no state of its own: ``contract``, ``stats``, ``claim`` (also ``reset``; in wave mode
 the global reset it waits for), ``result`` and ``release``, and what a closed control connection
 frees. The resets and env rebuilds they plan run through the server's sim gate, so they take
 turns with the tick (:mod:`.server`, which keeps the slot WebSocket path and the tick).
@@ -86,7 +86,10 @@ class ControlHandlers:
             "notes": list(engine.notes),
         }
 
-    async def _rpc_reset(self, conn: Any, **task: Any) -> dict[str, Any]:
+    async def _rpc_claim(self, conn: Any, **task: Any) -> dict[str, Any]:
+        """``claim(**task)`` (also ``reset``): check the claim, wait for a free slot, mint its token.
+        The slot is reset with the claim's seed when its agent binds (or, for a wave sim, in the
+        next wave, which this call waits for)."""
         engine = self.engine
         try:
             task = engine.check_task(task)

@@ -29,7 +29,7 @@ class SlotError(LookupError):
 
 
 class TaskError(ValueError):
-    """``reset(**task)`` arguments this bridge cannot serve (the message names the fix)."""
+    """``claim(**task)`` arguments this bridge cannot serve (the message names the fix)."""
 
 
 class SlotFailure(Exception):

@@ -98,7 +98,8 @@ class BridgeServer(ControlHandlers):
         self.rpc = RpcServer(
             {
                 "contract": self._rpc_contract,
-                "reset": self._rpc_reset,
+                "claim": self._rpc_claim,
+                "reset": self._rpc_claim,  # the call's first name, for clients written to it
                 "result": self._rpc_result,
                 "release": self._rpc_release,
                 "stats": self._rpc_stats,

@@ -5,7 +5,7 @@ mean is decided once in :mod:`.bridge_protocol`; the classes here only move them
 
     >>> bridge = BridgeAddress.from_announce("/tmp/bridge.json")
     >>> control = ControlClient(bridge)
-    >>> claim = control.reset(seed=3)
+    >>> claim = control.claim(seed=3)
     >>> with SlotClient(bridge, claim.token) as slot:
     ...     obs = slot.first_observation
     ...     obs = slot.step(np.zeros(1, np.float32))
@@ -114,9 +114,15 @@ class ControlClient:
     def contract(self) -> Contract:
         return read_contract(self._call("contract"))
 
-    def reset(self, wait: float = 660.0, **task: Any) -> Claim:
-        """Claim a slot for an episode (``seed``, ``options``, ``prompt``, ``build``, ...)."""
-        return read_claim(self._call("reset", timeout=wait, **task))
+    def claim(self, wait: float = 660.0, **task: Any) -> Claim:
+        """Claim a slot for an episode (``seed``, ``options``, ``prompt``, ``build``, ...).
+
+        Nothing is reset yet: the slot is reset with the claim's seed when its agent binds it on
+        the slot WebSocket, so hold-steps before that cannot leak into the episode. Waits up to
+        ``wait`` seconds for a free slot."""
+        return read_claim(self._call("claim", timeout=wait, **task))
+
+    reset = claim  # the control call's first name (DESIGN's ``reset(**task)``)
 
     def result(self, token: str) -> dict[str, Any]:
         """Grade the episode and free its slot."""
@@ -164,8 +170,11 @@ class AsyncControlClient:
     async def contract(self) -> Contract:
         return read_contract(await self._call("contract"))
 
-    async def reset(self, wait: float = 660.0, **task: Any) -> Claim:
-        return read_claim(await self._call("reset", timeout=wait, **task))
+    async def claim(self, wait: float = 660.0, **task: Any) -> Claim:
+        """See :meth:`ControlClient.claim`."""
+        return read_claim(await self._call("claim", timeout=wait, **task))
+
+    reset = claim  # the control call's first name
 
     async def result(self, token: str) -> dict[str, Any]:
         return await self._call("result", token=token)

@@ -1,6 +1,6 @@
 """One episode on a claimed slot: claim on enter, grade and release on exit, whatever happens.
 
-    >>> with Episode(control, seed=3) as ep:      # reset(seed=3) on the control channel
+    >>> with Episode(control, seed=3) as ep:      # claim(seed=3) on the control channel
     ...     result = agent.run(ep)                # drives the slot over its WebSocket
     >>> result.success
 
@@ -72,7 +72,7 @@ class Episode:
 
     # ------------------------------------------------------------------ claim
     def claim(self) -> Episode:
-        claim = self.control.reset(**self.task)
+        claim = self.control.claim(**self.task)
         self.token, self.slot, self.prompt = claim.token, claim.slot, claim.prompt
         if claim.seed is not None:
             self.seed = claim.seed  # drawn by the bridge when the claim gave none

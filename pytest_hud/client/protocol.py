@@ -3,7 +3,7 @@
 The blocking and asyncio clients in :mod:`pytest_hud.client.bridge` share everything here, so the wording
 of every error a worker can see from a bridge lives in one place:
 
-- control channel: ``reset`` replies become :class:`Claim`; RPC failures become :class:`BridgeError`;
+- control channel: ``claim`` replies become :class:`Claim`; RPC failures become :class:`BridgeError`;
 - slot WebSocket (openpi/0): the claim frame, action frames, and reading metadata and observation
   frames (a text frame is the bridge's own error message; anything but a map is refused);
 - a slot connection that closes: the bridge's last error frame if one is buffered, else a
@@ -61,7 +61,7 @@ def control_error(exc: RpcError) -> BridgeError:
 
 
 def read_claim(reply: Any) -> Claim:
-    """``reset``'s reply (``{"token", "slot", "prompt", "seed", "task"}``) as a :class:`Claim`."""
+    """``claim``'s reply (``{"token", "slot", "prompt", "seed", "task"}``) as a :class:`Claim`."""
     try:
         seed = reply.get("seed")
         return Claim(reply["token"], int(reply["slot"]), reply.get("prompt"),

@@ -34,7 +34,7 @@ def test_two_concurrent_episodes_each_get_their_own_slot_data_and_grade(bridge, 
     address = bridge(COUNTER, 2, *layout)
     results = {}
     controls = {seed: ControlClient(address) for seed in (3, 6)}
-    claims = {seed: control.reset(seed=seed) for seed, control in controls.items()}  # both held at once
+    claims = {seed: control.claim(seed=seed) for seed, control in controls.items()}  # both held at once
 
     def episode(seed):
         def go():
@@ -62,7 +62,7 @@ def test_two_concurrent_episodes_each_get_their_own_slot_data_and_grade(bridge, 
 
 def first_obs(address, seed, slot=None):
     with ControlClient(address) as control:
-        claim = control.reset(seed=seed)
+        claim = control.claim(seed=seed)
         if slot is not None:
             assert claim.slot == slot
         with SlotClient(address, claim.token) as ws:
@@ -95,7 +95,7 @@ def test_mixed_seeds_in_flight_at_once_each_match_a_single_env(bridge):
     def episode(i, seed):
         def go():
             with ControlClient(address) as control:
-                claim = control.reset(seed=seed)
+                claim = control.claim(seed=seed)
                 with SlotClient(address, claim.token) as ws:
                     frames = [np.array(ws.first_observation["state"])]
                     for _ in range(5):
@@ -162,7 +162,7 @@ def test_a_wrong_shape_action_fails_that_slot_only(bridge):
 def test_closing_a_control_connection_frees_its_claims(bridge):
     address = bridge(COUNTER, 1)
     control = ControlClient(address)
-    control.reset(seed=1)
+    control.claim(seed=1)
     control.close()
     with ControlClient(address) as other:
         deadline = time.monotonic() + 5
@@ -210,7 +210,7 @@ def test_slot_clients_on_the_bridges_host_take_its_unix_socket_and_see_the_same_
     runs = {}
     with ControlClient(address) as control:
         for via in (address, dataclasses.replace(address, ws_unix=None)):
-            claim = control.reset(seed=7)
+            claim = control.claim(seed=7)
             with SlotClient(via, claim.token, recv_timeout=20) as ws:
                 runs[ws._ws._sock.family] = [ws.first_observation["state"].tolist()] + [
                     ws.step(zero)["state"].tolist() for _ in range(20)]
@@ -220,7 +220,7 @@ def test_slot_clients_on_the_bridges_host_take_its_unix_socket_and_see_the_same_
 
     async def asyncio_run(via):  # the asyncio client takes the Unix socket the same way
         control = await AsyncControlClient.connect(via)
-        claim = await control.reset(seed=7)
+        claim = await control.claim(seed=7)
         slot = await AsyncSlotClient.connect(via, claim.token, recv_timeout=20)
         family = slot._ws.transport.get_extra_info("socket").family
         states = [slot.first_observation["state"].tolist()] + [
@@ -270,7 +270,7 @@ def test_both_slot_clients_say_the_bridge_exited_when_it_dies_mid_episode(bridge
 
     address = bridge("Pendulum-v1", 1)
     with ControlClient(address) as control, \
-            SlotClient(address, control.reset(seed=1).token, recv_timeout=20) as slot:
+            SlotClient(address, control.claim(seed=1).token, recv_timeout=20) as slot:
         slot.step(zero)
         bridge.processes[-1].kill()
         with pytest.raises(BridgeError, match=exited):
@@ -281,7 +281,7 @@ def test_both_slot_clients_say_the_bridge_exited_when_it_dies_mid_episode(bridge
 
     async def asyncio_run():
         control = await AsyncControlClient.connect(address)
-        slot = await AsyncSlotClient.connect(address, (await control.reset(seed=1)).token, recv_timeout=20)
+        slot = await AsyncSlotClient.connect(address, (await control.claim(seed=1)).token, recv_timeout=20)
         await slot.step(zero)
         bridge.processes[-1].kill()
         with pytest.raises(BridgeError, match=exited):
@@ -316,7 +316,7 @@ def test_wave_fallback_claims_wait_for_the_next_global_reset(bridge):
         def go():
             time.sleep(delay)
             with ControlClient(address) as control:
-                claim = control.reset(seed=seed, wait=20)
+                claim = control.claim(seed=seed, wait=20)
                 order.append(("claimed", seed, time.monotonic()))
                 with SlotClient(address, claim.token) as ws:
                     frame = ws.first_observation
@@ -348,7 +348,7 @@ def test_a_wave_episode_that_ends_first_does_not_reset_its_live_peer(bridge):
     def episode(seed):
         def go():
             with ControlClient(address) as control:
-                run_to_the_end(address, control, control.reset(seed=seed, wait=20), seed)
+                run_to_the_end(address, control, control.claim(seed=seed, wait=20), seed)
         return go
 
     assert run_threads([episode(2), episode(5)]) == []
@@ -486,7 +486,7 @@ def test_malformed_control_frames_get_json_rpc_errors_and_the_handler_survives(b
 def test_a_closed_socket_makes_the_client_raise_at_once(bridge):
     address = bridge(COUNTER, 1)
     with ControlClient(address) as control:
-        claim = control.reset(seed=1)
+        claim = control.claim(seed=1)
         ws = SlotClient(address, claim.token, recv_timeout=30)
         for proc in bridge.processes:
             proc.kill()
@@ -566,7 +566,7 @@ def test_threads_vectorization_serves_each_slot_what_a_single_env_does(bridge):
     expected = [env.reset(seed=6)[0]] + [env.step(np.full(1, 0.5, np.float32))[0] for _ in range(4)]
     with ControlClient(address) as control:
         assert control.stats()["tick"] == "ready"  # independent envs: auto ticks per slot
-        claim = control.reset(seed=6)
+        claim = control.claim(seed=6)
         with SlotClient(address, claim.token) as ws:
             got = [ws.first_observation["state"]] + [ws.step(np.full(1, 0.5, np.float32))["state"]
                                                      for _ in range(4)]
@@ -584,7 +584,7 @@ def test_async_vectorization_of_a_factory_in_a_file_builds_its_envs_in_the_worke
     env = gym.make("Pendulum-v1", g=9.81)
     expected = [env.reset(seed=4)[0]] + [env.step(np.ones(1, np.float32))[0] for _ in range(3)]
     with ControlClient(address) as control:
-        claim = control.reset(seed=4, build={"g": 9.81})
+        claim = control.claim(seed=4, build={"g": 9.81})
         with SlotClient(address, claim.token) as ws:
             got = [ws.first_observation["state"]] + [ws.step(np.ones(1, np.float32))["state"] for _ in range(3)]
     np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-6)
@@ -655,7 +655,7 @@ def test_the_bridge_serves_the_same_episode_on_asyncio_and_on_uvloop(bridge, mon
     address = bridge("Pendulum-v1", 2)
     assert json.loads(json.dumps(ControlClient(address).stats()))["width"] == 2
     with ControlClient(address) as control:
-        claim = control.reset(seed=5)
+        claim = control.claim(seed=5)
         with SlotClient(address, claim.token) as slot:
             states = [slot.first_observation["state"]]
             for _ in range(5):
@@ -675,7 +675,7 @@ def test_an_action_sent_before_the_last_observation_fails_that_slot_readably(bri
 
     address = bridge(COUNTER, 2)
     with ControlClient(address) as control:
-        mine, peer = control.reset(seed=1), control.reset(seed=2)
+        mine, peer = control.claim(seed=1), control.claim(seed=2)
         with SlotClient(address, peer.token), connect(address.ws_url, compression=None) as ws:
             # the peer is live and silent, so the tick holds our first action...
             unpackb(ws.recv(timeout=10))  # metadata
@@ -709,7 +709,7 @@ def test_a_sim_that_runs_its_own_event_loop_needs_the_io_thread_and_says_so(brid
     (tmp_path / "own_loop.py").write_text(OWN_LOOP_SIM)
     address = bridge(f"{tmp_path / 'own_loop.py'}:make", 1, *layout)
     with ControlClient(address) as control:
-        claim = control.reset(seed=2)
+        claim = control.claim(seed=2)
         with SlotClient(address, claim.token) as ws:
             if not layout:  # the serving loop runs on the sim's thread: asyncio.run refuses
                 with pytest.raises(BridgeError, match="asyncio event loop of its own.*--hud-io-thread"):
@@ -730,7 +730,7 @@ def test_processes_vectorization_serves_each_slot_what_a_single_env_does_and_lea
     with ControlClient(address) as control:
         assert control.stats()["tick"] == "ready"
         pid = control.stats()["pid"]
-        claim = control.reset(seed=6)
+        claim = control.claim(seed=6)
         with SlotClient(address, claim.token) as ws:
             got = [ws.first_observation["state"]] + [ws.step(np.full(1, 0.5, np.float32))["state"]
                                                      for _ in range(4)]

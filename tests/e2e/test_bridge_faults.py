@@ -49,7 +49,7 @@ def reference(seed: int, options: dict | None = None) -> tuple[list[list[float]]
 def play(served, seed: int | None, **task) -> tuple[list[list[float]], dict]:
     """One whole episode through the bridge: its frames and its grade (raises BridgeError)."""
     with ControlClient(served.address) as control:
-        claim = control.reset(seed=seed, build=served.build, **task)
+        claim = control.claim(seed=seed, build=served.build, **task)
         with SlotClient(served.address, claim.token, recv_timeout=60) as slot:
             frame = slot.first_observation
             frames = [np.asarray(frame["state"]).tolist()]
@@ -109,7 +109,7 @@ def test_a_natively_batched_sim_that_raises_fails_every_live_episode_within_a_se
 
     def steady():
         with ControlClient(served.address) as control:
-            claim = control.reset(seed=1, build={})
+            claim = control.claim(seed=1, build={})
             with SlotClient(served.address, claim.token, recv_timeout=60) as slot:
                 running.set()
                 try:
@@ -149,9 +149,9 @@ def test_claims_are_checked_against_the_sims_declared_rules_before_any_env_is_to
     served = start(bridge, FAULTY, {"max_seed": 99})
     with ControlClient(served.address) as control:
         with pytest.raises(BridgeError, match="seed 100 is out of this sim's range: its seeds are 0 to 99"):
-            control.reset(seed=100, build=served.build)
+            control.claim(seed=100, build=served.build)
         with pytest.raises(BridgeError, match=r"option\(s\) colour are not read by this sim \(it reads: push\)"):
-            control.reset(seed=1, options={"colour": "red"}, build=served.build)
+            control.claim(seed=1, options={"colour": "red"}, build=served.build)
         stats = control.stats()
     assert stats["env_steps"] == 0 and all(s["state"] == "free" for s in stats["slots"])
     frames, grade = play(served, 99, options={"push": 0.25})
@@ -161,7 +161,7 @@ def test_claims_are_checked_against_the_sims_declared_rules_before_any_env_is_to
 def test_a_claim_without_a_seed_gets_a_drawn_seed_that_runs_the_same_episode_again(bridge):
     served = start(bridge, FAULTY, {"max_seed": 999})
     with ControlClient(served.address) as control:
-        claims = [control.reset(build=served.build) for _ in range(2)]
+        claims = [control.claim(build=served.build) for _ in range(2)]
         for claim in claims:
             control.release(claim.token)
     seeds = [claim.seed for claim in claims]

@@ -26,8 +26,8 @@ def play(address, seed, task=None, hold_others=0, build=None, barrier=None):
     """One whole episode; returns (slot, prompt, every state seen, grade)."""
     extra = {"build": build} if build else {}
     with ControlClient(address) as control:
-        held = [control.reset(seed=0, task="up", **extra) for _ in range(hold_others)]  # occupy lower slots
-        claim = control.reset(seed=seed, **({"task": task} if task else {}), **extra)
+        held = [control.claim(seed=0, task="up", **extra) for _ in range(hold_others)]  # occupy lower slots
+        claim = control.claim(seed=seed, **({"task": task} if task else {}), **extra)
         if barrier is not None:
             barrier.wait(30)  # every episode holds its slot before any steps
         seen = []
@@ -127,13 +127,13 @@ def test_a_claim_without_a_task_runs_the_first_one(bridge):
 def test_an_undeclared_task_is_refused_and_the_bridge_keeps_serving(bridge):
     address = bridge(MULTITASK, 1)
     with ControlClient(address) as control, pytest.raises(BridgeError, match=r"task 'down' is not one of this bridge's 3 tasks \(left, right, up\)"):
-        control.reset(seed=1, task="down")
+        control.claim(seed=1, task="down")
     np.testing.assert_array_equal(play(address, 2, "up")[2], reference("up", 2))
 
 
 def test_a_bridge_without_tasks_refuses_a_claim_that_names_one(bridge):
     with ControlClient(bridge("Pendulum-v1", 1)) as control, pytest.raises(BridgeError, match="declares no tasks"):
-        control.reset(seed=1, task="up")
+        control.claim(seed=1, task="up")
     assert gym.spec("Pendulum-v1")  # the bridge above was a plain gym id: unchanged behaviour
 
 

@@ -78,7 +78,7 @@ class Peer:
 
     def __post_init__(self) -> None:
         self.control = ControlClient(self.address, timeout=WAIT)
-        claim = self.control.reset(seed=PEER_SEED, wait=WAIT)
+        claim = self.control.claim(seed=PEER_SEED, wait=WAIT)
         self.token = claim.token
         self.slot = SlotClient(self.address, claim.token, connect_timeout=WAIT, recv_timeout=WAIT)
         assert list(self.slot.first_observation["state"]) == [PEER_SEED, 0]
@@ -355,7 +355,7 @@ class WsFuzz:
         if ref == "random":
             return "0123456789abcdef" * 2
         if ref == "released":
-            gone = self.control.reset(seed=2, wait=WAIT).token
+            gone = self.control.claim(seed=2, wait=WAIT).token
             self.control.release(gone)
             return gone
         raise AssertionError(ref)
@@ -369,7 +369,7 @@ class WsFuzz:
 
     def run(self, case: WsCase) -> None:
         self.count += 1
-        fresh = self.control.reset(seed=case.seed, wait=WAIT).token
+        fresh = self.control.claim(seed=case.seed, wait=WAIT).token
         self.seed = case.seed
         try:
             if case.stage == "claim":

@@ -42,7 +42,7 @@ def drive(address, task, seed, out, barrier):
     """Run ``STEPS`` expert steps of (task, seed) on the bridge; record every frame and action."""
     expert = ScriptedExpert()
     with ControlClient(address) as control:
-        claim = control.reset(seed=seed, task=task, build={"pixels": True, "tasks": [t for t, _ in EPISODES]})
+        claim = control.claim(seed=seed, task=task, build={"pixels": True, "tasks": [t for t, _ in EPISODES]})
         barrier.wait(120)  # all three slots claimed before any steps: they render side by side
         frames, actions = [], []
         with SlotClient(address, claim.token) as ws:
@@ -98,12 +98,12 @@ def test_meta_world_claims_are_checked_at_claim_time_and_a_seedless_one_is_a_new
     try:
         with ControlClient(address) as control:
             with pytest.raises(BridgeError, match=f"its seeds are 0 to {mw.MAX_SEED}; choose a seed in that range"):
-                control.reset(seed=mw.MAX_SEED + 1, task="reach-v3", build=build)
+                control.claim(seed=mw.MAX_SEED + 1, task="reach-v3", build=build)
             with pytest.raises(BridgeError, match=r"option\(s\) difficulty are not read by this sim \(it reads: none\)"):
-                control.reset(seed=1, task="reach-v3", options={"difficulty": 2}, build=build)
+                control.claim(seed=1, task="reach-v3", options={"difficulty": 2}, build=build)
             firsts = {}
             for _ in range(3):  # without a seed: a drawn one each time, never the slot's last variation again
-                claim = control.reset(task="reach-v3", build=build)
+                claim = control.claim(task="reach-v3", build=build)
                 with SlotClient(address, claim.token) as ws:
                     firsts[claim.seed] = np.array(ws.first_observation["state"])
                 control.release(claim.token)
