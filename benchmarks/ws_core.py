@@ -23,7 +23,8 @@ Implementations, each a server and a client of the same kind (``core`` = (a), ``
   events_received, send_binary, data_to_send, as its documentation lays out), and
   ``websockets.client.ClientProtocol`` over a blocking socket (blocking mode) or in an
   ``asyncio.Protocol`` (loop mode). Its sans-I/O objects hand out frames, not messages: the glue
-  joins fragments (none are sent). The glue is the least a correct user writes.
+  joins fragments (none are sent). The glue is the least a correct user writes; the blocking
+  one reads with ``recv(262144)``, as wsconn does.
 - ``picows``: ``ws_create_server`` / ``ws_connect`` with ``WSListener`` callbacks; a payload is
   taken with ``get_payload_as_bytes()`` (a copy, as the other two hand out), fragments joined in
   the listener (none are sent). picows has no blocking client: it is in *loop* mode only. It
@@ -31,7 +32,14 @@ Implementations, each a server and a client of the same kind (``core`` = (a), ``
   when the transport's is empty; all of that is picows and left as it is.
 - ``floor`` (loopback only): the same exchange with no WebSocket at all (raw bytes, lengths
   counted), the same process and loop shapes: what every row pays for system calls, sleeps and
-  wake-ups and the loop itself.
+  wake-ups and the loop itself. Its blocking client reads into one reused buffer
+  (``recv_into``), then copies the message out.
+- ``core+pad`` (``--top-pad``, blocking loopback only): core again, its client process started
+  with glibc's ``MALLOC_TOP_PAD_`` at 1 MiB. ``recv(262144)`` allocates a fresh 256 KiB buffer
+  per read at the top of the heap; glibc gives the unused part back to the kernel when the
+  buffer shrinks to the message, and the next read grows the heap again and page-faults on
+  every page the kernel writes. The pad keeps that memory mapped: what this row saves is what
+  that pattern costs.
 
 Client modes: ``blocking``, the worker's shape (one thread: send, then a blocking ``recv``);
 ``loop``, an asyncio client that answers each observation from its callback, in the same loop
@@ -398,18 +406,17 @@ def websockets_blocking(port: int, sock=None):
 
 
 def floor_blocking(port: int, size: int):
+    """No WebSocket: reads into one reused buffer (no heap growth per read), one copy out."""
     sock = socket.create_connection((HOST, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(262144)
+    view = memoryview(buf)
 
     def recv():
-        data = sock.recv(262144)
-        if len(data) >= size:
-            return data
-        chunks, got = [data], len(data)
+        got = sock.recv_into(buf)
         while got < size:
-            chunks.append(sock.recv(262144))
-            got += len(chunks[-1])
-        return b"".join(chunks)
+            got += sock.recv_into(view[got:])
+        return bytes(view[:got])
 
     return recv, sock.sendall, sock.close
 
@@ -664,8 +671,14 @@ def role(spec) -> None:
             print(json.dumps(runner.run(run_loop_client(spec))), flush=True)
 
 
+TOP_PAD = "core+pad"  # --top-pad: core again, its client process with glibc's MALLOC_TOP_PAD_ at 1 MiB
+
+
 def loopback(impl: str, mode: str, size: int, args) -> dict:
     """One server process and one client process of ``impl``; their figures per round trip."""
+    client_env = None
+    if impl == TOP_PAD:
+        impl, client_env = "core", dict(os.environ, MALLOC_TOP_PAD_=str(1 << 20))
     spec = {"impl": impl, "mode": mode, "size": size, "steps": args.steps, "warmup": args.warmup,
             "loop": args.loop, "pin": args.pin}
     cmd = [sys.executable, __file__, "--role"]
@@ -676,7 +689,7 @@ def loopback(impl: str, mode: str, size: int, args) -> dict:
         if not line:
             raise SystemExit(f"{impl} server failed to start")
         port = json.loads(line)["port"]
-        out = subprocess.run([*cmd, json.dumps(dict(spec, role="client", port=port))],
+        out = subprocess.run([*cmd, json.dumps(dict(spec, role="client", port=port))], env=client_env,
                              check=False, stdout=subprocess.PIPE, text=True, timeout=600)
         if out.returncode != 0:
             raise SystemExit(f"{impl} {mode} client failed (exit {out.returncode})")
@@ -925,6 +938,9 @@ def main() -> None:
     parser.add_argument("--pin", default="none", choices=("none", "split", "same"),
                         help="Loopback processes' CPUs: as the scheduler likes (none), the server on one "
                              "and the client on another (split), both on one (same)")
+    parser.add_argument("--top-pad", action="store_true",
+                        help=f"Also run core's blocking client with MALLOC_TOP_PAD_=1 MiB (row {TOP_PAD}): "
+                             "how much of its loopback cost is the heap growing and shrinking under recv()")
     parser.add_argument("--verbose", action="store_true", help="Also print every run's own figures")
     default_loop = "asyncio"
     try:
@@ -941,6 +957,8 @@ def main() -> None:
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = [m for m in args.modes.split(",") if m in IMPLS]
+    if args.top_pad:
+        IMPLS["blocking"] = (*IMPLS["blocking"], TOP_PAD)
     import picows
     import websockets
 
