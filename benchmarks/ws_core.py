@@ -4,6 +4,161 @@ protocol objects vs picows, the same exchange on each, side by side in one run.
     python benchmarks/ws_core.py [--rounds 3] [--steps 3000] [--inproc-steps 20000]
                                  [--sizes 200,65536] [--pin none|split|same] [--loop uvloop] [--verbose]
 
+Run on the 2-core CPU machine while a CI run shared it (load average 7 to 13), 2 min 5 s:
+
+    $ python benchmarks/ws_core.py --rounds 5
+    # observation 200 B / 64 KiB, action 40 B; uvloop; websockets 17.4, picows 2.3.1, Python 3.11.7; 2 CPUs
+    # the core's loop client is wsproto's pieces in an asyncio.Protocol (wsconn is blocking only); picows has no blocking client
+    # each line: the implementation's figure over core's in the same round (x>1: costs more than core)
+    r1 in process  200 B server           websockets CPU x3.63 | picows     CPU x1.00
+    r1 in process  200 B blocking client  websockets CPU x3.79
+    r1 in process  200 B loop client      websockets CPU x4.30 | picows     CPU x1.07
+    r1 in process 64 KiB server           websockets CPU x4.77 | picows     CPU x1.06
+    r1 in process 64 KiB blocking client  websockets CPU x2.23
+    r1 in process 64 KiB loop client      websockets CPU x2.35 | picows     CPU x0.99
+    r1 loopback    200 B blocking pair    websockets client x1.79 server x2.53 both x2.01 wall x3.51
+    r1 loopback    200 B loop pair        websockets client x2.54 server x2.50 both x2.52 wall x2.40 | picows     client x0.87 server x0.88 both x0.87 wall x0.64
+    r1 loopback   64 KiB blocking pair    websockets client x1.46 server x2.02 both x1.60 wall x2.42
+    r1 loopback   64 KiB loop pair        websockets client x2.15 server x2.16 both x2.16 wall x1.96 | picows     client x0.81 server x0.88 both x0.84 wall x0.71
+    r2 in process  200 B server           websockets CPU x3.84 | picows     CPU x1.01
+    r2 in process  200 B blocking client  websockets CPU x3.93
+    r2 in process  200 B loop client      websockets CPU x4.65 | picows     CPU x1.06
+    r2 in process 64 KiB server           websockets CPU x5.32 | picows     CPU x1.06
+    r2 in process 64 KiB blocking client  websockets CPU x2.50
+    r2 in process 64 KiB loop client      websockets CPU x2.46 | picows     CPU x1.03
+    r2 loopback    200 B blocking pair    websockets client x1.55 server x1.85 both x1.65 wall x1.02
+    r2 loopback    200 B loop pair        websockets client x2.62 server x2.58 both x2.60 wall x2.42 | picows     client x0.89 server x0.89 both x0.89 wall x0.88
+    r2 loopback   64 KiB blocking pair    websockets client x1.37 server x1.97 both x1.53 wall x1.81
+    r2 loopback   64 KiB loop pair        websockets client x2.14 server x1.99 both x2.07 wall x2.11 | picows     client x0.90 server x0.91 both x0.91 wall x0.85
+    r3 in process  200 B server           websockets CPU x3.69 | picows     CPU x1.03
+    r3 in process  200 B blocking client  websockets CPU x4.13
+    r3 in process  200 B loop client      websockets CPU x4.70 | picows     CPU x1.09
+    r3 in process 64 KiB server           websockets CPU x5.24 | picows     CPU x1.08
+    r3 in process 64 KiB blocking client  websockets CPU x2.05
+    r3 in process 64 KiB loop client      websockets CPU x2.45 | picows     CPU x0.96
+    r3 loopback    200 B blocking pair    websockets client x1.75 server x2.25 both x1.91 wall x1.71
+    r3 loopback    200 B loop pair        websockets client x2.74 server x2.61 both x2.67 wall x4.23 | picows     client x0.83 server x0.84 both x0.84 wall x1.35
+    r3 loopback   64 KiB blocking pair    websockets client x1.17 server x1.55 both x1.27 wall x1.01
+    r3 loopback   64 KiB loop pair        websockets client x1.67 server x2.14 both x1.86 wall x1.65 | picows     client x0.59 server x0.80 both x0.68 wall x0.59
+    r4 in process  200 B server           websockets CPU x3.95 | picows     CPU x1.05
+    r4 in process  200 B blocking client  websockets CPU x3.87
+    r4 in process  200 B loop client      websockets CPU x4.68 | picows     CPU x1.11
+    r4 in process 64 KiB server           websockets CPU x5.26 | picows     CPU x1.11
+    r4 in process 64 KiB blocking client  websockets CPU x2.34
+    r4 in process 64 KiB loop client      websockets CPU x2.33 | picows     CPU x1.02
+    r4 loopback    200 B blocking pair    websockets client x2.18 server x2.91 both x2.41 wall x2.79
+    r4 loopback    200 B loop pair        websockets client x2.04 server x2.02 both x2.03 wall x1.52 | picows     client x0.87 server x0.88 both x0.87 wall x0.73
+    r4 loopback   64 KiB blocking pair    websockets client x1.44 server x2.04 both x1.59 wall x1.64
+    r4 loopback   64 KiB loop pair        websockets client x1.95 server x2.10 both x2.02 wall x2.02 | picows     client x0.82 server x0.90 both x0.85 wall x0.84
+    r5 in process  200 B server           websockets CPU x3.86 | picows     CPU x1.06
+    r5 in process  200 B blocking client  websockets CPU x3.97
+    r5 in process  200 B loop client      websockets CPU x4.64 | picows     CPU x1.12
+    r5 in process 64 KiB server           websockets CPU x5.15 | picows     CPU x1.07
+    r5 in process 64 KiB blocking client  websockets CPU x2.29
+    r5 in process 64 KiB loop client      websockets CPU x2.37 | picows     CPU x1.02
+    r5 loopback    200 B blocking pair    websockets client x1.78 server x2.86 both x2.09 wall x2.08
+    r5 loopback    200 B loop pair        websockets client x2.36 server x2.32 both x2.34 wall x2.25 | picows     client x1.01 server x0.99 both x1.00 wall x1.03
+    r5 loopback   64 KiB blocking pair    websockets client x1.58 server x2.61 both x1.80 wall x7.01
+    r5 loopback   64 KiB loop pair        websockets client x1.98 server x2.10 both x2.04 wall x1.55 | picows     client x0.76 server x0.85 both x0.81 wall x0.24
+
+    median over 5 rounds of the per-round ratio to core (x>1: costs more than core)
+    in process, CPU per step of the WebSocket layer alone; and the medians in µs (this run only):
+       200 B server           websockets x3.84  picows x1.03     µs (core / websockets / picows): 1.30 / 5.00 / 1.32
+       200 B blocking client  websockets x3.93                   µs (core / websockets): 1.57 / 6.42
+       200 B loop client      websockets x4.65  picows x1.09     µs (core / websockets / picows): 1.32 / 6.15 / 1.42
+      64 KiB server           websockets x5.24  picows x1.07     µs (core / websockets / picows): 1.32 / 6.95 / 1.41
+      64 KiB blocking client  websockets x2.29                   µs (core / websockets): 4.98 / 11.30
+      64 KiB loop client      websockets x2.37  picows x1.02     µs (core / websockets / picows): 4.55 / 10.59 / 4.64
+    loopback (3000 round trips a run, pin none), CPU per round trip of each process, both together, the client's wall:
+       200 B blocking pair    websockets client x1.78 server x2.53 both x2.01 wall x2.08
+       200 B loop pair        websockets client x2.54 server x2.50 both x2.52 wall x2.40
+       200 B loop pair        picows     client x0.87 server x0.88 both x0.87 wall x0.88
+      64 KiB blocking pair    websockets client x1.44 server x2.02 both x1.59 wall x1.81
+      64 KiB loop pair        websockets client x1.98 server x2.10 both x2.04 wall x1.96
+      64 KiB loop pair        picows     client x0.81 server x0.88 both x0.84 wall x0.71
+      medians, µs per round trip (this run only); sleeps per round trip; above the floor (no WebSocket), client + server:
+       200 B blocking core       client  21.2 (0.02) server   9.7 (0.99) wall  117.3  above floor  22.2
+       200 B blocking websockets client  37.0 (0.04) server  22.0 (0.98) wall  244.2  above floor  50.2
+       200 B blocking floor      client   4.4 (0.72) server   4.5 (0.37) wall   31.0
+       200 B loop     core       client   6.9 (0.52) server   7.0 (0.56) wall   48.6  above floor   4.0
+       200 B loop     websockets client  18.3 (0.32) server  18.1 (0.73) wall  113.3  above floor  26.5
+       200 B loop     picows     client   6.2 (0.48) server   6.2 (0.61) wall   49.2  above floor   2.6
+       200 B loop     floor      client   5.0 (0.47) server   4.9 (0.64) wall   38.9
+      64 KiB blocking core       client  51.8 (0.01) server  17.9 (0.99) wall  256.7  above floor  53.2
+      64 KiB blocking websockets client  67.6 (0.03) server  32.0 (0.98) wall  380.6  above floor  83.1
+      64 KiB blocking floor      client   8.6 (0.12) server   7.9 (0.92) wall   63.2
+      64 KiB loop     core       client  13.2 (0.10) server  11.4 (0.93) wall   89.8  above floor   7.9
+      64 KiB loop     websockets client  26.9 (0.12) server  24.0 (0.91) wall  181.3  above floor  34.2
+      64 KiB loop     picows     client  10.7 (0.09) server  10.0 (0.94) wall   69.9  above floor   4.0
+      64 KiB loop     floor      client   8.9 (0.10) server   7.8 (0.94) wall   51.3
+
+The blocking clients again, with ``--top-pad`` (35 s; its per-round lines left out here):
+
+    $ python benchmarks/ws_core.py --rounds 3 --inproc-steps 0 --modes blocking --top-pad
+    median over 3 rounds of the per-round ratio to core (x>1: costs more than core)
+    loopback (3000 round trips a run, pin none), CPU per round trip of each process, both together, the client's wall:
+       200 B blocking pair    websockets client x1.47 server x2.08 both x1.65 wall x1.24
+       200 B blocking pair    core+pad   client x0.28 server x0.70 both x0.40 wall x0.37
+      64 KiB blocking pair    websockets client x1.34 server x1.87 both x1.47 wall x1.54
+      64 KiB blocking pair    core+pad   client x0.24 server x0.70 both x0.36 wall x0.46
+      medians, µs per round trip (this run only); sleeps per round trip; above the floor (no WebSocket), client + server:
+       200 B blocking core       client  24.0 (0.03) server   9.9 (0.98) wall   96.6  above floor  24.9
+       200 B blocking websockets client  35.2 (0.04) server  20.7 (0.98) wall  116.1  above floor  47.0
+       200 B blocking floor      client   4.4 (0.74) server   4.5 (0.34) wall   23.0
+       200 B blocking core+pad   client   6.8 (0.62) server   6.9 (0.47) wall   40.6  above floor   4.8
+      64 KiB blocking core       client  46.4 (0.01) server  14.9 (0.99) wall  150.2  above floor  45.5
+      64 KiB blocking websockets client  62.3 (0.03) server  29.7 (0.99) wall  264.2  above floor  76.3
+      64 KiB blocking floor      client   8.2 (0.07) server   7.5 (0.95) wall   46.5
+      64 KiB blocking core+pad   client  11.1 (0.15) server  10.4 (0.90) wall   66.2  above floor   5.7
+
+Server and client pinned to different CPUs, so that each sleeps and is woken every step (1 min
+33 s; per-round lines left out here):
+
+    $ python benchmarks/ws_core.py --rounds 3 --inproc-steps 0 --pin split
+    median over 3 rounds of the per-round ratio to core (x>1: costs more than core)
+    loopback (3000 round trips a run, pin split), CPU per round trip of each process, both together, the client's wall:
+       200 B blocking pair    websockets client x1.18 server x1.27 both x1.22 wall x1.21
+       200 B loop pair        websockets client x1.25 server x1.18 both x1.21 wall x1.26
+       200 B loop pair        picows     client x0.98 server x0.96 both x0.99 wall x0.84
+      64 KiB blocking pair    websockets client x1.30 server x1.35 both x1.32 wall x1.51
+      64 KiB loop pair        websockets client x1.36 server x1.23 both x1.27 wall x1.69
+      64 KiB loop pair        picows     client x1.00 server x1.00 both x1.00 wall x1.01
+      medians, µs per round trip (this run only); sleeps per round trip; above the floor (no WebSocket), client + server:
+       200 B blocking core       client  73.6 (0.96) server  55.4 (1.00) wall  699.8  above floor  39.9
+       200 B blocking websockets client  86.9 (0.99) server  68.3 (1.00) wall  684.6  above floor  66.2
+       200 B blocking floor      client  44.5 (0.99) server  44.6 (1.00) wall  280.3
+       200 B loop     core       client  51.5 (1.00) server  52.4 (1.00) wall  374.4  above floor  12.8
+       200 B loop     websockets client  64.6 (1.00) server  61.8 (1.00) wall  350.4  above floor  35.1
+       200 B loop     picows     client  50.5 (0.99) server  49.4 (1.00) wall  233.9  above floor  10.1
+       200 B loop     floor      client  44.5 (1.00) server  46.8 (1.00) wall  301.5
+      64 KiB blocking core       client 100.0 (0.99) server  63.4 (1.00) wall  633.8  above floor  56.2
+      64 KiB blocking websockets client 130.0 (0.99) server  88.8 (1.00) wall 1079.9  above floor 112.6
+      64 KiB blocking floor      client  54.0 (1.00) server  53.1 (1.00) wall  487.9
+      64 KiB loop     core       client  63.2 (1.00) server  60.0 (1.00) wall  388.1  above floor  13.1
+      64 KiB loop     websockets client  84.0 (1.00) server  73.6 (1.00) wall  503.5  above floor  50.2
+      64 KiB loop     picows     client  63.2 (0.99) server  60.0 (1.00) wall  390.3  above floor  13.0
+      64 KiB loop     floor      client  56.2 (1.00) server  53.9 (1.00) wall  380.4
+
+Conclusion. Against websockets' sans-I/O objects the hand-written core keeps a clear gain on the
+per-step path: alone, websockets' layer costs 3.8-5.2x the core's on the server side and 2.3-4.7x
+on the client side (3.7-6.3 µs more per step and side; above 2x in every round); over loopback
+that is 2.0-2.5x the CPU of a round trip with a loop client, 1.6-2.0x with the worker's blocking
+client, and still 1.2-1.3x when every step also pays a sleep and a wake-up on each side
+(``--pin split``). Against picows it keeps no gain that counts: alone the core is at most 0.1 µs
+per step cheaper (picows 2-9% more, taking its slower write fallback there), and over loopback
+picows' pair costs 0.84-0.87x the core's CPU (level, 0.99-1.00x, when pinned apart): that is its
+I/O path (it ``send()``s straight from its buffer, reads into its own buffer through
+``BufferedProtocol``, sets TCP_QUICKACK; not told apart here), not its framing. picows has no
+blocking client, so the worker's side has no library to move to; the bridge's server side has,
+and by the rule its case rests on something other than speed (one core shared with the blocking
+client, no compiled dependency). Separately, most of the blocking client's CPU over loopback here
+is not the WebSocket layer at all: wsconn's ``recv(262144)`` maps a fresh 256 KiB buffer every read
+(``mmap``, a page fault per 4 KiB received, ``munmap``; see ``core+pad`` above), and with
+``MALLOC_TOP_PAD_`` at 1 MiB its CPU per round trip drops to 0.24-0.28x (24 to 7 µs at 200 B, 46
+to 11 µs at 64 KiB). Whether a real worker's heap does the same depends on its other allocations
+(``benchmarks/worker_cpu.py`` would tell); reading into a reused buffer (``recv_into``) avoids it
+either way. That is for wsconn's owner: this branch leaves ``pytest_hud/`` alone.
+
 The exchange is the bridge's, without the bridge: the server sends an "observation" of
 ``--sizes`` bytes (one binary message, the same bytes every step), the client answers it with a
 40-byte "action" (one binary message), and so on. No msgpack, no sim, no policy. Every receiver
@@ -35,11 +190,13 @@ Implementations, each a server and a client of the same kind (``core`` = (a), ``
   wake-ups and the loop itself. Its blocking client reads into one reused buffer
   (``recv_into``), then copies the message out.
 - ``core+pad`` (``--top-pad``, blocking loopback only): core again, its client process started
-  with glibc's ``MALLOC_TOP_PAD_`` at 1 MiB. ``recv(262144)`` allocates a fresh 256 KiB buffer
-  per read at the top of the heap; glibc gives the unused part back to the kernel when the
-  buffer shrinks to the message, and the next read grows the heap again and page-faults on
-  every page the kernel writes. The pad keeps that memory mapped: what this row saves is what
-  that pattern costs.
+  with glibc's ``MALLOC_TOP_PAD_`` at 1 MiB. ``recv(262144)`` allocates a 256 KiB buffer per
+  read; when the heap's free top is smaller than that, glibc maps it afresh (``mmap``: it is over
+  the 128 KiB threshold), the kernel writes the message into new pages (a page fault per 4 KiB)
+  and the shrink to the message's size unmaps it (``perf stat``: one ``mmap`` and one ``munmap``
+  per read; ``perf record``: four fifths of the client's page faults in recv's copy). The pad
+  keeps a free top that holds the buffer, so it comes from the heap, already mapped: what this
+  row saves is what that pattern costs.
 
 Client modes: ``blocking``, the worker's shape (one thread: send, then a blocking ``recv``);
 ``loop``, an asyncio client that answers each observation from its callback, in the same loop
