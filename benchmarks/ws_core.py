@@ -1116,11 +1116,19 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m in IMPLS]
     if args.top_pad:
         IMPLS["blocking"] = (*IMPLS["blocking"], TOP_PAD)
-    import picows
     import websockets
 
+    impls3 = ("core", "websockets", "picows")
+    try:
+        import picows
+
+        with_picows = f"picows {picows.__version__}"
+    except ImportError:  # not a dependency of pytest-hud: its rows are left out
+        with_picows = "picows not installed (pip install picows): its rows left out"
+        impls3 = impls3[:2]
+        IMPLS["loop"] = tuple(i for i in IMPLS["loop"] if i != "picows")
     print(f"# observation {' / '.join(_size(s) for s in sizes)}, action {ACTION_BYTES} B; {args.loop}; "
-          f"websockets {websockets.__version__}, picows {picows.__version__}, Python {sys.version.split()[0]}; "
+          f"websockets {websockets.__version__}, {with_picows}, Python {sys.version.split()[0]}; "
           f"{os.cpu_count()} CPUs")
     print("# the core's loop client is wsproto's pieces in an asyncio.Protocol (wsconn is blocking only); "
           "picows has no blocking client")
@@ -1128,7 +1136,6 @@ def main() -> None:
     inproc: dict[tuple, list[float]] = {}
     rows: dict[tuple, list[dict]] = {}
     ratios: dict[tuple, list[float]] = {}
-    impls3 = ("core", "websockets", "picows")
     keys_in = ["server"] + [f"{m} client" for m in modes]
     runner = asyncio.Runner(loop_factory=_loop_factory(args.loop))
     for rnd in range(args.rounds):
