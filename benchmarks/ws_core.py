@@ -168,9 +168,9 @@ checks its length; the first message each way is compared byte for byte.
 Implementations, each a server and a client of the same kind (``core`` = (a), ``websockets`` =
 (b), ``picows`` = (c)):
 
-- ``core``: the server is ``pytest_hud.sim.wsserver.WsConnection`` (``serve_ws``) with a
+- ``core``: the server is ``pytest_hud.bridge.wsserver.WsConnection`` (``serve_ws``) with a
   three-method handler, what the bridge runs; the blocking client is
-  ``pytest_hud.wsconn.BlockingWebSocket``, what a worker runs. wsconn has no asyncio client, so
+  ``pytest_hud.wire.wsclient.BlockingWebSocket``, what a worker runs. wsconn has no asyncio client, so
   the *loop* client is written here from the core's pieces (``wsproto.client_request`` /
   ``parse_response``, ``FrameReader.whole`` / ``feed`` / ``next``, ``encode_frame``) in an
   ``asyncio.Protocol``, the way wsconn uses them.
@@ -306,7 +306,7 @@ class Side:
 # Each answers the upgrade with one observation, then every action with one, meter.tick() after
 # each answer, and side.finish() once the connection is gone.
 class CoreHandler:
-    """(a) The bridge's server: pytest_hud.sim.wsserver.WsConnection calls these."""
+    """(a) The bridge's server: pytest_hud.bridge.wsserver.WsConnection calls these."""
 
     def __init__(self, side: Side) -> None:
         self.side = side
@@ -471,7 +471,7 @@ async def start_server(impl: str, side: Side) -> int:
     """Listen on 127.0.0.1 for ``impl``; returns the port."""
     loop = asyncio.get_running_loop()
     if impl == "core":
-        from pytest_hud.sim.wsserver import serve_ws
+        from pytest_hud.bridge.wsserver import serve_ws
 
         return (await serve_ws(CoreHandler(side), HOST, 0, MAX_SIZE)).port
     if impl == "picows":
@@ -488,8 +488,8 @@ async def start_server(impl: str, side: Side) -> int:
 # ============================================================= blocking clients
 # Each: ``recv() -> bytes`` (the next observation), ``send(bytes)``, ``close()``.
 def core_blocking(port: int, sock=None):
-    """(a) What a worker runs: pytest_hud.wsconn.BlockingWebSocket."""
-    from pytest_hud.wsconn import BlockingWebSocket
+    """(a) What a worker runs: pytest_hud.wire.wsclient.BlockingWebSocket."""
+    from pytest_hud.wire.wsclient import BlockingWebSocket
 
     ws = BlockingWebSocket(f"ws://{HOST}:{port}/", MAX_SIZE, sock=sock)
     return lambda: ws.recv(30.0), ws.send, ws.close
@@ -616,7 +616,7 @@ class CoreLoopClient(asyncio.Protocol):
     """(a) The core's pieces in an asyncio.Protocol, as wsconn uses them (wsconn is blocking only)."""
 
     def __init__(self, client: LoopClient, port: int) -> None:
-        from pytest_hud import wsproto
+        from pytest_hud.wire import websocket as wsproto
 
         self.ws, self.client, self.port = wsproto, client, port
         self.reader = wsproto.FrameReader(MAX_SIZE, masked=False)
@@ -870,7 +870,7 @@ _KEY = re.compile(rb"sec-websocket-key:\s*(\S+)", re.IGNORECASE)
 
 def _answer(data) -> bytes | None:
     """The server's 101 to a client's upgrade request (None for anything else)."""
-    from pytest_hud.wsproto import accept_key, switching_protocols
+    from pytest_hud.wire.websocket import accept_key, switching_protocols
 
     data = bytes(data)
     if not data.startswith(b"GET "):
@@ -979,7 +979,7 @@ def _picows_protocol(client_side: bool, factory):
 
 def inproc_server(impl: str, size: int, n: int, warm: int) -> float:
     """CPU µs per step of a server taking in a masked action frame and writing an observation."""
-    from pytest_hud.wsproto import OP_BINARY, client_request, encode_frame
+    from pytest_hud.wire.websocket import OP_BINARY, client_request, encode_frame
 
     side = Side(payload(size), payload(ACTION_BYTES), Meter(1 << 60, 1))
     wire = bytearray(encode_frame(OP_BINARY, side.expect, mask=True))
@@ -995,7 +995,7 @@ def inproc_server(impl: str, size: int, n: int, warm: int) -> float:
                 _feed_buffered(proto, wire)
     else:
         if impl == "core":
-            from pytest_hud.sim.wsserver import WsConnection
+            from pytest_hud.bridge.wsserver import WsConnection
 
             conn = WsConnection(CoreHandler(side), MAX_SIZE)
         else:
@@ -1012,7 +1012,7 @@ def inproc_server(impl: str, size: int, n: int, warm: int) -> float:
 
 def inproc_client(impl: str, mode: str, size: int, n: int, warm: int) -> float:
     """CPU µs per step of a client taking in an observation frame and writing a masked action."""
-    from pytest_hud.wsproto import OP_BINARY, frame_header
+    from pytest_hud.wire.websocket import OP_BINARY, frame_header
 
     side = Side(payload(ACTION_BYTES), payload(size), Meter(1 << 60, 1))
     wire = bytearray(frame_header(OP_BINARY, size) + side.expect)

@@ -32,6 +32,9 @@ __all__ = ["BlockingWebSocket"]
 _OPEN, _CLOSING, _CLOSED = range(3)
 
 
+#: The most one read takes from the socket (a larger frame takes several reads).
+_READ_SIZE = 262144
+
 class BlockingWebSocket:
     """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP or Unix socket."""
 
@@ -47,6 +50,11 @@ class BlockingWebSocket:
         deadline = time.monotonic() + open_timeout
         # ``sock``: a connection to the server's Unix socket (:func:`unix_connection`), else TCP
         self._sock = sock
+        # One receive buffer for the connection's life: ``recv(262144)`` would allocate (mmap) and
+        # free 256 KiB per read, with a page fault per 4 KiB received; ``recv_into`` here and a copy
+        # of what arrived cost a quarter of that per step (``benchmarks/ws_core.py``).
+        self._inbox = bytearray(_READ_SIZE)
+        self._inbox_view = memoryview(self._inbox)
         self.unix = sock is not None  # connected over the Unix socket (the server is on this host)
         if self._sock is None:
             self._sock = socket.create_connection((host, port), timeout=open_timeout)
@@ -101,7 +109,8 @@ class BlockingWebSocket:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
             self._recv_timeout = timeout
         try:
-            return self._sock.recv(262144)
+            n = self._sock.recv_into(self._inbox)
+            return self._inbox_view[:n].tobytes()
         except BlockingIOError:  # SO_RCVTIMEO ran out
             raise TimeoutError("timed out") from None
         except (ConnectionResetError, BrokenPipeError, TimeoutError):  # TimeoutError: ETIMEDOUT, a dead peer
