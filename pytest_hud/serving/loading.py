@@ -1,4 +1,4 @@
-"""How the policy server gets its model: loaded for a contract, loaded ahead of one, or waited for.
+"""The policy server's model loading: for a contract, ahead of one, or once one is written.
 
 Apart from the server because loading is policy-kind business (LeRobot checkpoints, factories, the
 contract they are loaded for) and the serving is not: :class:`~pytest_hud.serving.server.PolicyServer`
