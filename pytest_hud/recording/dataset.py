@@ -1,6 +1,4 @@
-"""Rollouts recorded as a LeRobot (v3) dataset: every episode's observations and executed actions.
-
-(Over 400 lines on purpose: the recorder and the merge of its parts share one on-disk layout, so they live together.)
+"""Rollouts recorded as a LeRobot (v3) dataset, the worker's half: each episode's observations and actions.
 
     recorder = DatasetRecorder("rollouts/", worker_id="gw0")   # one per worker
     agent = Agent(model, observers=[recorder])
@@ -50,6 +48,11 @@ dataset at ``root`` with LeRobot's own ``aggregate_datasets`` (episodes renumber
 statistics aggregated) and removes the merged parts. A part whose worker died before closing it is
 unreadable: the merge leaves it in place with a :class:`RecordingWarning`.
 
+The merge is the controller's half, :mod:`pytest_hud.recording.dataset_merge`, and what both halves
+share is :mod:`pytest_hud.recording.dataset_parts`; this module re-exports their public names
+(``merge_parts``, ``check_record_dir``, ``RecordingWarning``, ...) so that this one import keeps
+giving the whole recording API.
+
 **Several sims in one run.** A LeRobot dataset has one set of features, so episodes are grouped by
 their features (and fps): each group is its own part dataset, named ``<features>-<hash>`` (e.g.
 ``state-1a2b3c4d``). When a run recorded one group (the usual case) the merged dataset is ``root``
@@ -61,17 +64,13 @@ parts are merged; importing this module costs neither torch nor LeRobot.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib.util
-import io
 import json
 import math
 import os
 import re
-import shutil
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,10 +79,16 @@ import numpy as np
 
 from pytest_hud.agent.lerobot import lerobot_feature_name
 from pytest_hud.core.contract import RESERVED_KEYS, Contract
+from pytest_hud.recording.dataset_merge import EPISODES_FILE, check_record_dir, merge_parts
+from pytest_hud.recording.dataset_parts import (
+    DEFAULT_REPO_ID, PART_EPISODES_FILE, PARTS_DIR, RecordingWarning, quiet_lerobot, recording_available,
+    require_lerobot,
+)
 from pytest_hud.recording.trace import ArtefactNames
 
 __all__ = [
     "DEFAULT_REPO_ID",
+    "EPISODES_FILE",
     "DatasetRecorder",
     "RecordingWarning",
     "check_record_dir",
@@ -92,32 +97,9 @@ __all__ = [
     "recording_available",
 ]
 
-DEFAULT_REPO_ID = "pytest-hud/rollouts"  # a local name: nothing is pushed to or pulled from the hub
 DEFAULT_FPS = 10
-PARTS_DIR = "parts"
-PART_EPISODES_FILE = "hud-episodes.jsonl"  # one line per committed episode, inside each part
-EPISODES_FILE = "pytest_hud_episodes.jsonl"  # in the merged dataset's meta/
-INSTALL_HINT = "pip install 'pytest-hud[lerobot]'"
-_LEROBOT_DIRS = ("data", "videos", "images", "meta")  # meta last: its info.json marks a complete dataset
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MIN_VIDEO_SIDE = 32  # smaller cameras are stored as images even with use_videos=True
-
-
-class RecordingWarning(UserWarning):
-    """An episode could not be recorded, or a part could not be merged (the run goes on)."""
-
-
-def recording_available() -> bool:
-    """True when LeRobot's dataset module can be imported (without importing torch)."""
-    try:
-        return importlib.util.find_spec("lerobot.datasets.lerobot_dataset") is not None
-    except (ImportError, ValueError):  # no "lerobot", or a namespace folder of that name
-        return False
-
-
-def _require_lerobot() -> None:
-    if not recording_available():
-        raise ImportError(f"recording rollouts as a LeRobot dataset needs LeRobot: {INSTALL_HINT}")
 
 
 # --------------------------------------------------------------------------------------- features
@@ -240,7 +222,7 @@ class DatasetRecorder:
         *,
         worker_id: str = "main",
     ) -> None:
-        _require_lerobot()
+        require_lerobot()
         if fps is not None:
             _as_fps(fps)  # refuse a bad rate now, not at the first episode
         self.root = Path(root).resolve()
@@ -398,7 +380,7 @@ class DatasetRecorder:
         prompt = getattr(episode, "prompt", None) or task
         frames = self._frames(layout, contract, steps, prompt)  # every conversion before LeRobot sees any
         dataset = self._dataset(layout)
-        with _quiet():
+        with quiet_lerobot():
             try:
                 for frame in frames:
                     dataset.add_frame(frame)
@@ -438,173 +420,3 @@ class DatasetRecorder:
                 self.errors.append((name, f"finalize failed: {type(exc).__name__}: {exc}"))
         return done
 
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Hide the per-episode ``datasets`` progress bars and warnings about LeRobot's own conventions."""
-    from datasets.utils import logging as datasets_logging
-
-    enabled = datasets_logging.is_progress_bar_enabled()
-    if enabled:
-        datasets_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Converting input from bool to",
-                                    category=RuntimeWarning)
-            # datasets encodes LeRobot's [1]-shaped scalars (next.reward, ...) with float(array)
-            warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0",
-                                    category=DeprecationWarning)
-            yield
-    finally:
-        if enabled:
-            datasets_logging.enable_progress_bar()
-
-
-# ------------------------------------------------------------------------------------------ merge
-def _natural(path: Path) -> list[Any]:
-    return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", path.as_posix())]
-
-
-def _holds_dataset(folder: Path) -> bool:
-    return (folder / "meta" / "info.json").is_file()
-
-
-def check_record_dir(root: str | os.PathLike[str]) -> None:
-    """Raise ``FileExistsError`` if ``root`` (or a folder in it) already holds a merged dataset.
-
-    A recording never overwrites or silently extends an earlier one: call this before a run.
-    Parts left by a crashed earlier run are fine: the next merge includes them.
-    """
-    root = Path(root)
-    if not root.exists():
-        return
-    if not root.is_dir():
-        raise FileExistsError(f"{root} is a file; --hud-record needs a folder")
-    held = [root] if _holds_dataset(root) else []
-    held += [p for p in sorted(root.iterdir()) if p.is_dir() and p.name != PARTS_DIR and _holds_dataset(p)]
-    if held:
-        raise FileExistsError(
-            f"{held[0]} already holds a LeRobot dataset; record into a new folder or move it away"
-        )
-
-
-def _part_problem(part: Path) -> str | None:
-    """Why ``part`` cannot be merged, or None when it is a complete LeRobot dataset."""
-    import pyarrow.parquet as pq
-
-    try:
-        info = json.loads((part / "meta" / "info.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return f"unreadable meta/info.json ({exc})"
-    episodes = sorted((part / "meta" / "episodes").rglob("*.parquet"))
-    data = sorted((part / "data").rglob("*.parquet"))
-    if not (part / "meta" / "tasks.parquet").is_file() or not episodes or not data:
-        return "its recorder was never closed (did the worker crash?)"
-    try:
-        n_episodes = sum(pq.read_metadata(f).num_rows for f in episodes)
-        n_frames = sum(pq.read_metadata(f).num_rows for f in data)
-    except Exception as exc:  # a parquet file without its footer: the writer was never closed
-        return f"its recorder was never closed (did the worker crash?): {type(exc).__name__}: {exc}"
-    if (n_episodes, n_frames) != (info.get("total_episodes"), info.get("total_frames")):
-        return (f"it holds {n_episodes} episodes / {n_frames} frames but its info.json says "
-                f"{info.get('total_episodes')} / {info.get('total_frames')}")
-    return None
-
-
-def _episode_entries(part: Path, count: int) -> list[dict[str, Any]]:
-    try:
-        lines = (part / PART_EPISODES_FILE).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        lines = []
-    entries = []
-    for i in range(count):
-        try:
-            entries.append(json.loads(lines[i]))
-        except (IndexError, ValueError):
-            entries.append({})
-    return entries
-
-
-def merge_parts(
-    root: str | os.PathLike[str],
-    out: str | os.PathLike[str] | None = None,
-    *,
-    repo_id: str = DEFAULT_REPO_ID,
-) -> list[Path]:
-    """Merge every closed part under ``root/parts/`` into one LeRobot dataset at ``out`` (default ``root``).
-
-    Uses ``lerobot.datasets.aggregate.aggregate_datasets``: episodes are renumbered in part order
-    (worker ids in natural order, then recording order), tasks unified, statistics aggregated.
-    Merged parts are removed; a part that cannot be read (its worker died before
-    :meth:`DatasetRecorder.close`) is left in place with a :class:`RecordingWarning`.
-
-    Returns the datasets written: ``[out]``, or one ``out/<group>`` per feature set when the run
-    recorded several sims, or ``[]`` when there was nothing to merge. Raises ``FileExistsError``
-    (before writing anything) when a destination already holds a dataset.
-
-        >>> merge_parts("rollouts/")
-        [PosixPath('/abs/rollouts')]
-    """
-    _require_lerobot()
-    root = Path(root).resolve()
-    out_dir = Path(out).resolve() if out is not None else root
-    parts_dir = root / PARTS_DIR
-    candidates = sorted((p.parent.parent for p in parts_dir.glob("*/*/meta/info.json")), key=_natural)
-    groups: dict[str, list[Path]] = {}
-    for part in candidates:
-        problem = _part_problem(part)
-        if problem is not None:
-            warnings.warn(RecordingWarning(f"recorded part {part} was not merged: {problem}; "
-                                           "it is left in place"), stacklevel=2)
-            continue
-        groups.setdefault(part.name, []).append(part)
-    if not groups:
-        _remove_empty(parts_dir)
-        return []
-    single = len(groups) == 1
-    destinations = {name: out_dir if single else out_dir / name for name in groups}
-    for dest in destinations.values():
-        clash = [dest / d for d in _LEROBOT_DIRS if (dest / d).exists()]
-        if clash:
-            raise FileExistsError(
-                f"{dest} already holds a LeRobot dataset ({clash[0].name}/ exists); merge into "
-                "another folder (out=...) or move it away"
-            )
-
-    from lerobot.datasets.aggregate import aggregate_datasets
-
-    for name, parts in sorted(groups.items()):
-        dest = destinations[name]
-        staging = parts_dir / f".merging-{name}-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        # aggregate_datasets prints tqdm bars on stderr; the controller's terminal is the user's
-        with _quiet(), contextlib.redirect_stderr(io.StringIO()):
-            aggregate_datasets([repo_id] * len(parts), repo_id, roots=parts, aggr_root=staging)
-        index, episode_index = [], 0
-        for part in parts:
-            info = json.loads((part / "meta" / "info.json").read_text(encoding="utf-8"))
-            for entry in _episode_entries(part, int(info["total_episodes"])):
-                index.append(json.dumps({"episode_index": episode_index, **entry}, default=str))
-                episode_index += 1
-        (staging / "meta" / EPISODES_FILE).write_text("\n".join(index) + "\n", encoding="utf-8")
-        dest.mkdir(parents=True, exist_ok=True)
-        for sub in _LEROBOT_DIRS:  # meta/ last: a dataset with an info.json is complete
-            if (staging / sub).exists():
-                shutil.move(str(staging / sub), str(dest / sub))
-        shutil.rmtree(staging, ignore_errors=True)
-        for part in parts:
-            shutil.rmtree(part)
-    _remove_empty(parts_dir)
-    return [destinations[name] for name in sorted(groups)]
-
-
-def _remove_empty(parts_dir: Path) -> None:
-    """Remove empty worker folders, then ``parts/`` itself if nothing is left in it."""
-    if not parts_dir.is_dir():
-        return
-    for worker in parts_dir.iterdir():
-        if worker.is_dir():
-            with contextlib.suppress(OSError):
-                worker.rmdir()
-    with contextlib.suppress(OSError):
-        parts_dir.rmdir()

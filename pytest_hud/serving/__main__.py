@@ -1,5 +1,5 @@
 """``python -m pytest_hud.serving --policy SPEC``: the policy server."""
 
-from .server import run
+from pytest_hud.serving.cli import run
 
 run()
