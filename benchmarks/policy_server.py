@@ -7,7 +7,7 @@ in each worker process) with the shipped ACT checkpoint (``evals/checkpoints/rea
 executing each predicted chunk open-loop as the agent does:
 
 - **server**: ``--workers`` processes that never import torch (``RemotePolicy``), all talking to
-  one ``python -m pytest_hud.serving.server`` that batches their requests;
+  one ``python -m pytest_hud.serving`` that batches their requests;
 - **copies**: ``--workers`` processes that each load their own ``LeRobotPolicy``.
 
 Workers are spawned fresh, load (or connect), make one warm-up call, then wait; the clock starts

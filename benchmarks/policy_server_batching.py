@@ -3,7 +3,7 @@
     python benchmarks/policy_server_batching.py [--device cuda] [--clients 8] [--requests 200]
 
 A torch MLP policy (``--width`` hidden units, ``--layers`` layers, an action chunk of 10×7) served by
-``python -m pytest_hud.serving.server`` twice: with the default 2 ms batching window, and with
+``python -m pytest_hud.serving`` twice: with the default 2 ms batching window, and with
 ``--max-batch 1`` (every request its own forward). ``--clients`` threads each send ``--requests``
 observations through :class:`pytest_hud.agent.remote.RemotePolicy`. Prints requests/s for both,
 their ratio, and the server's mean batch size. Needs torch; meaningful on a GPU.

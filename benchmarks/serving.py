@@ -12,12 +12,12 @@ from pathlib import Path
 
 def start_policy_server(policy: str, extra: list[str], env: dict[str, str], workdir: Path,
                         cwd: Path | None = None, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
-    """``python -m pytest_hud.serving.server --policy POLICY --port 0 EXTRA``; (process, ws URL) once
+    """``python -m pytest_hud.serving --policy POLICY --port 0 EXTRA``; (process, ws URL) once
     it has announced itself. Its output goes to a log, shown if it fails to start."""
     stem = workdir / f"policy-server-{time.monotonic_ns()}"
     announce, log = stem.with_suffix(".json"), stem.with_suffix(".log")
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.serving.server", "--policy", policy, "--port", "0",
+        proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.serving", "--policy", policy, "--port", "0",
                                  "--announce", str(announce), *extra], cwd=cwd, env=env, stdout=out, stderr=out)
     deadline = time.monotonic() + timeout
     while not announce.exists():

@@ -82,9 +82,9 @@ def slow() -> EchoPolicy:
 
 # ------------------------------------------------------------------------------ the server
 def start_server(tmp_path: Path, policy: str, *extra: str, timeout: float = 60.0, env: dict | None = None):
-    """Start ``python -m pytest_hud.serving.server`` and wait for its announce file; (process, announce)."""
+    """Start ``python -m pytest_hud.serving`` and wait for its announce file; (process, announce)."""
     announce = tmp_path / f"policy-{time.monotonic_ns()}.json"
-    proc, _ = launch([sys.executable, "-m", "pytest_hud.serving.server", "--policy", policy, "--port", "0",
+    proc, _ = launch([sys.executable, "-m", "pytest_hud.serving", "--policy", policy, "--port", "0",
                       *extra, "--announce", str(announce)], tmp_path, "policy server", timeout, cwd=REPO,
                       env=env)
     return proc, json.loads(announce.read_text())
@@ -95,7 +95,7 @@ def serve_waiting(tmp_path: Path, spec: str, *extra: str) -> tuple[subprocess.Po
     yet; (process, its announce path, the contract path)."""
     announce, contract = tmp_path / "policy.json", tmp_path / "contract.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_hud.serving.server", "--policy", spec, "--port", "0",
+        [sys.executable, "-m", "pytest_hud.serving", "--policy", spec, "--port", "0",
          "--contract-wait", str(contract), "--announce", str(announce), *extra],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={k: v for k, v in os.environ.items() if k != "PYTEST_HUD_SECRET"},

@@ -1,7 +1,7 @@
 """A policy behind an openpi-compatible WebSocket server, as a pytest-hud model.
 
 ``--hud-policy ws://host:port`` makes each worker forward its observations to a policy server:
-pytest-hud's own (``python -m pytest_hud.serving.server``, which batches all workers' requests into
+pytest-hud's own (``python -m pytest_hud.serving``, which batches all workers' requests into
 shared forwards) or openpi's ``WebsocketPolicyServer``. On the wire it behaves as openpi's
 ``WebsocketClientPolicy``: read the server's metadata frame, send a msgpack map of the observation
 (plus ``"prompt"`` when there is one), read back a map holding ``"actions"``; a text frame is the

@@ -386,12 +386,3 @@ class PolicyServer:
         sizes = self.stats["batch_sizes"]
         sizes[size] = sizes.get(size, 0) + 1
         self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], size)
-
-
-if __name__ == "__main__":
-    # ``python -m pytest_hud.serving.server``, the server's first command (scripts, docs and users
-    # run it): the same as ``python -m pytest_hud.serving``. Run by name, not imported: the command
-    # line imports this module, so importing the command line here would make an import cycle.
-    import runpy
-
-    runpy.run_module("pytest_hud.serving", run_name="__main__", alter_sys=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pytest_hud.wire.arrays import (
     MAX_FRAME_BYTES, NotAMapError, TextFrameError, WireError, packb, unpack_map, unpackb,
 )
-# Not public: tests/test_wire.py checks the fast path against ``msgpack.packb(obj, default=_encode)``.
+# Not public: tests/unit/test_wire.py checks the fast path against ``msgpack.packb(obj, default=_encode)``.
 from pytest_hud.wire.arrays import _encode  # noqa: F401
 from pytest_hud.wire.frames import FrameLayout, pack_action, pack_frame, rows_packer, unpack_action
 

@@ -94,7 +94,7 @@ def test_a_policy_server_exits_when_its_lease_holder_leaves(tmp_path):
     from policykit import REPO
 
     announce = tmp_path / "policy.json"
-    proc, _ = launch([sys.executable, "-m", "pytest_hud.serving.server", "--policy", "tests/policykit.py:echo",
+    proc, _ = launch([sys.executable, "-m", "pytest_hud.serving", "--policy", "tests/policykit.py:echo",
                       "--port", "0", "--lease", "600", "--announce", str(announce)], tmp_path, "policy server",
                      cwd=REPO, env=dict(os.environ, PYTEST_HUD_SECRET="s3cret"))
     try:
@@ -111,7 +111,7 @@ def test_a_policy_server_exits_when_its_lease_holder_leaves(tmp_path):
 
 def test_a_policy_server_lease_without_the_secret_is_refused(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_HUD_SECRET"}
-    proc = subprocess.run([sys.executable, "-m", "pytest_hud.serving.server", "--policy", "x:y", "--lease", "5"],
+    proc = subprocess.run([sys.executable, "-m", "pytest_hud.serving", "--policy", "x:y", "--lease", "5"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "PYTEST_HUD_SECRET" in proc.stderr
@@ -195,7 +195,7 @@ def test_a_run_uses_a_listed_policy_server_with_its_own_key(pytester, tmp_path):
     from policykit import REPO
 
     announce = tmp_path / "policy.json"
-    server, _ = launch([sys.executable, "-m", "pytest_hud.serving.server", "--policy", "tests/e2e/cluster/sleepy.py:parity",
+    server, _ = launch([sys.executable, "-m", "pytest_hud.serving", "--policy", "tests/e2e/cluster/sleepy.py:parity",
                         "--port", "0", "--announce", str(announce)], tmp_path, "policy server", cwd=REPO,
                        env=dict(os.environ, PYTEST_HUD_POLICY_KEY="operator-key"))
     try:

@@ -152,7 +152,7 @@ def test_a_slow_models_window_stretches_to_a_share_of_its_forward(policy_server)
     assert stats(fast)["batch_window_ms"] == 2.0  # a tenth of a 5 ms forward is below the floor
     assert 18.0 <= stats(slow)["batch_window_ms"] <= 20.0
     assert stats(fixed)["batch_window_ms"] == 2.0
-    refused = subprocess.run([sys.executable, "-m", "pytest_hud.serving.server", "--policy", SLOW,
+    refused = subprocess.run([sys.executable, "-m", "pytest_hud.serving", "--policy", SLOW,
                               "--batch-window-share", "1.5"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--batch-window-share between 0 and 1" in refused.stderr
 
@@ -426,7 +426,7 @@ def test_announce_file_is_private_and_names_the_server(tmp_path):
 def test_a_bad_policy_spec_exits_with_a_clear_message(tmp_path):
     for spec, words in (("ws://127.0.0.1:1", "policy-server URL"), (f"{KIT}:nope", "nope")):
         done = subprocess.run(
-            [sys.executable, "-m", "pytest_hud.serving.server", "--policy", spec, "--port", "0"],
+            [sys.executable, "-m", "pytest_hud.serving", "--policy", spec, "--port", "0"],
             capture_output=True, text=True, timeout=60, cwd=REPO,
         )
         assert done.returncode == 2
@@ -445,7 +445,7 @@ def test_the_server_exits_when_its_parent_dies(tmp_path):
     parent = subprocess.Popen(
         [sys.executable, "-c",
          "import subprocess, sys, time\n"
-         f"subprocess.Popen([sys.executable, '-m', 'pytest_hud.serving.server', '--policy', {ECHO!r},"
+         f"subprocess.Popen([sys.executable, '-m', 'pytest_hud.serving', '--policy', {ECHO!r},"
          f" '--port', '0', '--announce', {str(announce)!r}])\n"
          "time.sleep(120)\n"],
         cwd=REPO, start_new_session=True,

@@ -50,7 +50,7 @@ def state_of(n: int) -> np.ndarray:
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", ""])
 def test_a_server_bound_beyond_loopback_without_a_key_refuses_to_start(tmp_path, host):
     done = subprocess.run(
-        [sys.executable, "-m", "pytest_hud.serving.server", "--policy", ECHO, "--port", "0", "--host", host],
+        [sys.executable, "-m", "pytest_hud.serving", "--policy", ECHO, "--port", "0", "--host", host],
         cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2

@@ -72,7 +72,7 @@ def test_a_waiting_server_announces_only_once_its_contract_arrives_and_loads_for
 
 
 def test_contract_wait_and_contract_are_exclusive_and_a_bad_contract_is_reported(tmp_path, spec):
-    done = subprocess.run([sys.executable, "-m", "pytest_hud.serving.server", "--policy", spec, "--port", "0",
+    done = subprocess.run([sys.executable, "-m", "pytest_hud.serving", "--policy", spec, "--port", "0",
                            "--contract", "a.json", "--contract-wait", "b.json"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
@@ -86,7 +86,7 @@ def test_contract_wait_and_contract_are_exclusive_and_a_bad_contract_is_reported
 
 
 def test_a_waiting_server_exits_when_its_parent_dies(tmp_path, spec):
-    cmd = [sys.executable, "-m", "pytest_hud.serving.server", "--policy", spec, "--port", "0",
+    cmd = [sys.executable, "-m", "pytest_hud.serving", "--policy", spec, "--port", "0",
            "--contract-wait", str(tmp_path / "contract.json")]
     parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, time; subprocess.Popen({cmd!r}); "
                                "time.sleep(60)"], cwd=REPO, start_new_session=True)
@@ -108,7 +108,7 @@ def test_a_waiting_server_exits_when_its_parent_dies(tmp_path, spec):
 # -------------------------------------------------------------------------------- the pool
 def pool_children() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True)
-            if "pytest_hud.serving.server" in " ".join(p.cmdline())]
+            if "pytest_hud.serving" in " ".join(p.cmdline())]
 
 
 def standbys() -> list[psutil.Process]:
@@ -323,7 +323,7 @@ def test_a_standby_only_takes_the_module_it_was_started_for(tmp_path):
     try:
         assert launcher.warm("policy", "pytest_hud.no_such_module", "gc:collect")
         (standby,) = standbys()
-        service = launcher.launch(["-m", "pytest_hud.serving.server", "--policy", "tests/policykit.py:echo",
+        service = launcher.launch(["-m", "pytest_hud.serving", "--policy", "tests/policykit.py:echo",
                                    "--port", "0"], "policy server", role="policy",
                                   env={"PYTEST_HUD_SECRET": "s3cret"}, timeout=60)
         assert service.pid != standby.pid and not standby.is_running()

@@ -217,7 +217,7 @@ def test_sigkill_of_the_controller_leaves_no_actor_bridge_or_policy_server(nodes
             found = placed_processes()
             kinds = list(found.values())
             complete = (kinds.count("actor") == 3 and sum("pytest_hud.sim" in k for k in kinds) == 1
-                        and sum("pytest_hud.serving.server" in k for k in kinds) == 2)
+                        and sum("pytest_hud.serving" in k for k in kinds) == 2)
             return found if complete else {}
 
         before = eventually(all_placed, 120, "a bridge, two policy replicas and their three actors")

@@ -107,7 +107,7 @@ import psutil
 def pytest_sessionfinish(session):
     if not hasattr(session.config, "workerinput"):  # the controller: which policy servers it started, when
         servers = [p for p in psutil.Process().children(recursive=True)
-                   if "pytest_hud.serving.server" in " ".join(p.cmdline())]
+                   if "pytest_hud.serving" in " ".join(p.cmdline())]
         with open("servers.json", "w") as out:
             json.dump([p.create_time() for p in servers], out)
 '''

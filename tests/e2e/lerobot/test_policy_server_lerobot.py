@@ -135,7 +135,7 @@ def test_a_server_loaded_ahead_checks_the_contract_when_it_comes_and_serves_as_l
     finally:
         stop(proc)
     direct = subprocess.run(
-        [sys.executable, "-m", "pytest_hud.serving.server", "--policy", str(FINAL), "--port", "0",
+        [sys.executable, "-m", "pytest_hud.serving", "--policy", str(FINAL), "--port", "0",
          "--contract", str(contract)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert direct.returncode == 2
     assert "cannot load policy" in refused and "cannot feed observation.state" in refused
