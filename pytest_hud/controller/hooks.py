@@ -6,8 +6,8 @@ the pieces cut by role, as pytest-xdist cuts ``dsession``/``workermanage``:
 
 - :class:`~pytest_hud.controller.ledger.Ledger` (pure): declared episodes, records, coverage, sequential tests,
   verdicts;
-- :class:`~pytest_hud.controller.pool.SimPool` and :class:`~pytest_hud.controller.pool.PoolService`: bridges and the
-  loopback service workers ask for them;
+- :class:`~pytest_hud.controller.pool.SimPool` and :class:`~pytest_hud.controller.pool_service.PoolService`: bridges
+  and the loopback service workers ask for them;
 - :class:`~pytest_hud.core.results.ResultsWriter`: one fsynced line per episode, opened on the first;
 - the reports: terminal (:mod:`~pytest_hud.report.terminal`), JUnit (:mod:`~pytest_hud.report.junit`),
   ``$GITHUB_STEP_SUMMARY`` and HTML (:mod:`~pytest_hud.report`).
@@ -44,7 +44,8 @@ class HudController:
     def __init__(self, config: pytest.Config, settings: HudSettings, inputs: RunInputs,
                  secret: str | None = None) -> None:
         from pytest_hud.client.bridge import BridgeAddress
-        from pytest_hud.controller.pool import BridgeSpec, PoolService, SimPool
+        from pytest_hud.controller.pool import BridgeSpec, SimPool
+        from pytest_hud.controller.pool_service import PoolService
 
         self.config = config
         self.settings = settings
