@@ -6,9 +6,10 @@ the pieces cut by role, as pytest-xdist cuts ``dsession``/``workermanage``:
 
 - :class:`~pytest_hud.controller.ledger.Ledger` (pure): declared episodes, records, coverage, sequential tests,
   verdicts;
-- :class:`~pytest_hud.controller.pool.SimPool` and :class:`~pytest_hud.controller.pool.PoolService`: bridges and the
-  loopback service workers ask for them;
+- :class:`~pytest_hud.controller.pool.SimPool` and :class:`~pytest_hud.controller.pool_service.PoolService`: bridges
+  and the loopback service workers ask for them;
 - :class:`~pytest_hud.core.results.ResultsWriter`: one fsynced line per episode, opened on the first;
+  where it goes and when it becomes the baseline (:mod:`~pytest_hud.controller.results_file`);
 - the reports: terminal (:mod:`~pytest_hud.report.terminal`), JUnit (:mod:`~pytest_hud.report.junit`),
   ``$GITHUB_STEP_SUMMARY`` and HTML (:mod:`~pytest_hud.report`).
 """
@@ -31,6 +32,7 @@ import pytest
 from pytest_hud.controller.inputs import RunInputs
 from pytest_hud.controller.ledger import Ledger
 from pytest_hud.controller.provenance import PolicyHashes, provenance
+from pytest_hud.controller.results_file import results_paths, settle_baseline
 from pytest_hud.core.specs import portable_spec
 from pytest_hud.core.results import EpisodeRecord, ResultsWriter
 from pytest_hud.core.settings import HudSettings
@@ -44,7 +46,8 @@ class HudController:
     def __init__(self, config: pytest.Config, settings: HudSettings, inputs: RunInputs,
                  secret: str | None = None) -> None:
         from pytest_hud.client.bridge import BridgeAddress
-        from pytest_hud.controller.pool import BridgeSpec, PoolService, SimPool
+        from pytest_hud.controller.pool import BridgeSpec, SimPool
+        from pytest_hud.controller.pool_service import PoolService
 
         self.config = config
         self.settings = settings
@@ -339,27 +342,14 @@ class HudController:
                 policies, sims = self.ledger.used()
                 writer.summary(self.tasks(), self.coverage(),
                                dict(self.provenance, policies=policies, sims=self._with_bridges(sims)), gate)
-                self._settle_baseline(session.exitstatus)
+                self.baseline_note = settle_baseline(self.writer, self.results_path, self.baseline_path,
+                                                     session.exitstatus)
             if self.settings.html:
                 from pytest_hud.report.html import write_standalone_page
 
                 write_standalone_page(self.settings.html, self.tasks(), list(self.records.values()),
                                       verdicts=self.verdict_dicts(), coverage=self.coverage(),
                                       title="pytest-hud report")
-
-    def _settle_baseline(self, exitstatus: int) -> None:
-        """When the results file is the baseline too: a passing run's results become the baseline
-        (replaced atomically); any other run leaves the baseline as it was, its results beside it."""
-        if self.baseline_path is None or self.writer is None or self.results_path is None:
-            return
-        self.writer.close()
-        if exitstatus == pytest.ExitCode.OK:
-            os.replace(self.results_path, self.baseline_path)
-            self.writer.path = self.baseline_path
-            self.baseline_note = f"the run passed its gate: its results are the new baseline {self.baseline_path}"
-        else:
-            self.baseline_note = (f"the baseline {self.baseline_path} is unchanged (this run did not pass);"
-                                  f" its results are in {self.results_path}")
 
     def _with_bridges(self, sims: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each sim with how its bridges ran it (what ``auto`` chose for vectorization and ticks)."""
@@ -450,19 +440,6 @@ class HudController:
         self.policy_hashes.close()
         if self.writer is not None:
             self.writer.close()
-
-
-def results_paths(results: Path, baseline: str | None, here: Path) -> tuple[Path, Path | None]:
-    """Where this run writes its results, and the baseline path to replace if it passes.
-
-    When ``--hud-results`` is the ``--hud-baseline`` file (the results of the last run judge this
-    one), the run writes ``NAME.candidate.jsonl`` beside it, and only a run that passes replaces
-    the baseline: a failing checkpoint's results never become the baseline it failed against, so
-    running the failed job again fails again.
-    """
-    if baseline and (here / baseline).resolve() == results.resolve():
-        return results.with_name(f"{results.stem}.candidate{results.suffix or '.jsonl'}"), results
-    return results, None
 
 
 def _launcher(settings: HudSettings, spec: Any) -> Any:

@@ -911,7 +911,8 @@ def _listening(pid: int) -> list[tuple[str, int]]:
 
 
 def test_bridges_and_the_pool_listen_on_loopback_only_by_default(tmp_path):
-    from pytest_hud.controller.pool import BridgeSpec, PoolService, SimPool
+    from pytest_hud.controller.pool import BridgeSpec, SimPool
+    from pytest_hud.controller.pool_service import PoolService
 
     process, address = start_bridge(tmp_path, f"{SIMKIT}:counter", 1)
     try:

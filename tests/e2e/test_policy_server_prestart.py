@@ -259,7 +259,7 @@ def test_the_summary_asks_stuck_bridges_for_their_notes_all_at_once_and_gives_up
     """A bridge stuck in a sim call accepts connections but answers nothing: three of them cost the
     summary one timeout, not three, and leave no socket behind."""
     from pytest_hud.client.bridge import BridgeAddress
-    from pytest_hud.controller.pool import _Bridge
+    from pytest_hud.controller.bridges import _Bridge
 
     class Alive:
         def poll(self):

@@ -1,0 +1,205 @@
+"""The pool's bridges: spawn them on demand, route workers to them, replace and stop them.
+
+One bridge serves one (sim target, build args) for ``width`` workers: worker ``i`` of ``n`` uses
+group ``(i mod n) // width``. A bridge that died or reports itself broken is replaced when a worker
+says so (``replace_pid``); its in-flight episodes were already errors.
+
+:class:`Bridges` is the bridge half of :class:`~pytest_hud.controller.pool.SimPool`, which holds the
+state and the helpers both halves share (its locks, ``_once``, ``_launch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_hud.client.bridge import BridgeAddress
+from pytest_hud.launch.launcher import LaunchError, Service
+
+__all__ = ["PoolError", "BridgeSpec", "Bridges"]
+
+PoolError = LaunchError  # a bridge could not be started (the message carries the tail of its log)
+
+
+def _label(key: tuple[str, str, int]) -> str:
+    """A bridge as the summary names it: its target, and its build arguments when it has any
+    (two bridges of one target differ there)."""
+    return f"bridge for {key[0]}" + (f" {key[1]}" if key[1] != "{}" else "")
+
+
+@dataclass
+class BridgeSpec:
+    """How the pool starts bridges (shared by every bridge of a run)."""
+
+    width: int
+    boot_timeout: float = 120.0
+    claim_timeout: float = 30.0
+    first_action_timeout: float = 300.0
+    step_timeout: float = 30.0
+    vectorization: str = "auto"
+    tick: str = "auto"
+    batched_policy: bool = False  # a batching policy server answers the episodes (--hud-policy-server)
+    tick_window: float = 0.001  # settings.OPTIONS["tick_window"]
+    io_thread: bool = False  # settings.OPTIONS["io_thread"]
+    host: str = "127.0.0.1"
+    cwd: str | None = None
+    python_path: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Bridge:
+    key: tuple[str, str, int]
+    process: Service  # poll() as subprocess.Popen's, wherever it runs
+    address: BridgeAddress
+    log: str
+    started: float
+
+
+class Bridges:
+    """The bridges of a :class:`~pytest_hud.controller.pool.SimPool` (mixed into it): routing,
+    spawning, retiring, and what the live bridges say."""
+
+    # The state this half uses, set by SimPool.__init__ (some of it shared with the policy servers).
+    spec: BridgeSpec
+    workers: int
+    attach: BridgeAddress | None
+    closed: bool
+    notes: dict[str, None]
+    _lock: threading.Lock
+    _key_locks: dict[tuple, threading.Lock]
+    _bridges: dict[tuple, _Bridge]
+    _retired: list[_Bridge]
+    _bridge_prestarts: set[tuple[str, str, int]]
+
+    # ---------------------------------------------------------------- routing
+    def group_of(self, worker: int) -> int:
+        return (worker % self.workers) // max(1, self.spec.width)
+
+    def _sharing(self, group: int) -> int:
+        """How many workers share the bridges of ``group`` (:meth:`group_of`): at most ``width``."""
+        width = max(1, self.spec.width)
+        return max(0, min(width, self.workers - group * width))
+
+    def bridge_for(self, target: str, build: dict[str, Any] | None, worker: int = 0,
+                   replace_pid: int | None = None) -> BridgeAddress:
+        """The address of the bridge this worker should use, starting or replacing it if needed."""
+        if self.attach is not None:
+            return self.attach
+        key = self._bridge_key(target, build, worker)
+        with self._lock:
+            if self.closed:
+                raise PoolError("the run is shutting down")
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            current = self._bridges.get(key)
+            if current is not None and replace_pid is not None and current.address.pid == replace_pid:
+                self._retire(current)
+                current = None
+            if current is not None and current.process.poll() is not None:
+                self._retire(current)  # died on its own: replace it
+                current = None
+            if current is None:
+                current = self._once(key, lambda: self._spawn(key, target, build or {}))
+                with self._lock:
+                    self._bridges[key] = current
+            return current.address
+
+    def _bridge_key(self, target: str, build: dict[str, Any] | None, worker: int) -> tuple[str, str, int]:
+        return target, json.dumps(build or {}, sort_keys=True), self.group_of(worker)
+
+    def prestart_bridge(self, target: str, build: dict[str, Any] | None, worker: int = 0) -> bool:
+        """Start the bridge :meth:`bridge_for` would give ``worker`` now, on a thread of its own, so
+        that it boots while the workers still collect (xdist hands out the first test only once every
+        worker has). A worker that asks meanwhile waits for this same bridge; a failure to start
+        reaches the worker when it asks (:meth:`_once`). Once per bridge; True if started."""
+        key = self._bridge_key(target, build, worker)
+        with self._lock:
+            if self.attach is not None or self.closed or key in self._bridge_prestarts:
+                return False
+            self._bridge_prestarts.add(key)
+
+        def start() -> None:
+            with contextlib.suppress(Exception):  # reported to the worker that asks (or started again)
+                self.bridge_for(target, build, worker)
+
+        threading.Thread(target=start, name="hud-prestart-bridge", daemon=True).start()
+        return True
+
+    # --------------------------------------------------------------- spawning
+    def _spawn(self, key: tuple, target: str, build: dict[str, Any]) -> _Bridge:
+        spec = self.spec
+        sharing = self._sharing(key[2])  # workers that will claim on this bridge: they start together
+        cmd = [
+            "-m", "pytest_hud.bridge", target,
+            "--width", str(spec.width),
+            "--vectorization", spec.vectorization,
+            "--tick", spec.tick,
+            "--tick-window", repr(spec.tick_window),
+            *(["--batched-policy"] if spec.batched_policy else []),
+            *(["--start-together", str(sharing)] if spec.batched_policy and sharing > 1 else []),
+            *(["--io-thread"] if spec.io_thread else []),
+            "--build-args", json.dumps(build),
+            "--claim-timeout", str(spec.claim_timeout),
+            "--first-action-timeout", str(spec.first_action_timeout),
+            "--step-timeout", str(spec.step_timeout),
+        ]
+        service = self._launch(cmd, f"bridge for {target!r}", "bridge")
+        for field_ in ("vectorization_note", "vectorization_auto"):
+            note = service.announce.get(field_)
+            if note:
+                self.notes[f"{_label(key)}: --hud-vectorization={note}"] = None
+        address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
+        return _Bridge(key, service, address, service.log, time.monotonic())
+
+    def _retire(self, bridge: _Bridge) -> None:
+        bridge.process.stop()
+        with self._lock:
+            self._bridges.pop(bridge.key, None)
+            self._retired.append(bridge)
+
+    # ------------------------------------------------------------------ views
+    def bridges(self) -> list[dict[str, Any]]:
+        with self._lock:
+            items = list(self._bridges.values()) + self._retired
+        return [
+            {"target": b.key[0], "build": json.loads(b.key[1]), "group": b.key[2], "pid": b.address.pid,
+             "alive": b.process.poll() is None, "log": str(b.log), "node": b.address.node, "host": b.address.host,
+             "vectorization": b.process.announce.get("vectorization"), "tick": b.process.announce.get("tick")}
+            for b in items
+        ]
+
+    def stepping_notes(self, timeout: float = 2.0) -> list[str]:
+        """What the live bridges say: slots they retired after faults of their envs, and what would
+        make their sims step faster (see ``stepping_hint``).
+
+        Asked all at once, for ``timeout`` seconds in all: a bridge stuck in a sim call (one that
+        accepts but does not answer) delays the summary by that much, however many there are."""
+        from pytest_hud.client.bridge import BridgeError, ControlClient
+
+        with self._lock:
+            bridges = [b for b in self._bridges.values() if b.process.poll() is None]
+        hints: dict[int, list[str]] = {}
+
+        def ask(i: int, bridge: _Bridge) -> None:
+            try:
+                with ControlClient(bridge.address, timeout=timeout) as control:
+                    stats = control.stats()
+            except (BridgeError, OSError):
+                return  # a bridge that cannot answer now has nothing to add
+            said = [*stats.get("notes", []), *([stats["hint"]] if stats.get("hint") else [])]
+            if said:
+                hints[i] = [f"{_label(bridge.key)}: {line}" for line in said]
+
+        threads = [threading.Thread(target=ask, args=(i, b), daemon=True, name="hud-stats")
+                   for i, b in enumerate(bridges)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        got = dict(hints)  # a copy: a late answer may still arrive
+        return [line for i in sorted(got) for line in got[i]]
