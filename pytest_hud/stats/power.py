@@ -1,8 +1,8 @@
 """Power and sample size: how large a drop the gate can see, and how many episodes it needs.
 
-Pure functions, numpy only. The gate (``gate.py``) prints these next to its verdicts: the minimum
+Pure functions, numpy only. The gate (:mod:`pytest_hud.gate`) prints these next to its verdicts: the minimum
 detectable drop at the current n, and the episodes that would settle an undecided task. The powers
-are those of the gate's own tests (``stats.py``): exact for McNemar's test and for the unpaired
+are those of the gate's own tests (:mod:`.rates`): exact for McNemar's test and for the unpaired
 tests up to a quarter million possible tables (the probability of the test's own rejection region),
 normal approximations with continuity corrections beyond. Written by hand because no well-kept
 Python library computes the power of these exact tests (statsmodels' power functions for

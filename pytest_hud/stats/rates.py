@@ -2,7 +2,7 @@
 
 (Over 400 lines on purpose: the exact tests share their tail sums and tie handling; splitting them further would separate code that must change together.)
 
-Pure functions on counts: no pytest, no I/O, numpy only. The gate (``gate.py``) builds its verdicts
+Pure functions on counts: no pytest, no I/O, numpy only. The gate (:mod:`pytest_hud.gate`) builds its verdicts
 from these. The statistics are cut by role into four modules, and every public name of all four is
 importable from the package, :mod:`pytest_hud.stats`:
 
