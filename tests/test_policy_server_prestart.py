@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import stop
-from policykit import serve_waiting, wait_for
+from policykit import serve_waiting, wait_for, write_atomically
 from pytest_hud.agent.remote import RemotePolicy
 from pytest_hud.contract import derive_contract
 from pytest_hud.launcher import StaticLauncher
@@ -62,7 +62,7 @@ def test_a_waiting_server_announces_only_once_its_contract_arrives_and_loads_for
     try:
         time.sleep(1.5)  # imports done; no contract: no announce
         assert proc.poll() is None and not announce.exists()
-        contract.write_text(json.dumps(contract_dict(3)))  # three numbers per action
+        write_atomically(contract, json.dumps(contract_dict(3)))  # three numbers per action
         served = wait_for(announce, proc)
         with RemotePolicy(served["url"], timeout=10) as policy:
             chunk = policy.predict({"state": np.array([1.0, 2.0, 0.5], np.float32)})
@@ -78,7 +78,7 @@ def test_contract_wait_and_contract_are_exclusive_and_a_bad_contract_is_reported
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
     proc, announce, contract = serve_waiting(tmp_path, spec)
     try:
-        contract.write_text("{not json")
+        write_atomically(contract, "{not json")
         assert proc.wait(60) == 2
         assert "cannot load policy" in proc.stderr.read()
     finally:
