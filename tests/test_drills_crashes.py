@@ -174,7 +174,7 @@ def test_a_killed_worker_is_an_error_its_slot_is_freed_at_once_and_the_rest_comp
         assert r.outcome == "error"
         assert "crashed" in r.error and f"test_killed[{seed}]" in r.error, r.error
         took_to_free = freed_after[seed]
-        assert isinstance(took_to_free, float), f"the slot killed at {seed} was not seen freed: {took_to_free}"
+        assert isinstance(took_to_free, float), f"the slot killed at {seed} was not seen free: {took_to_free}"
         assert took_to_free < 1.0, f"the slot killed at {seed} was freed after {took_to_free:.2f} s"
     passed = [got[f"test_episode[{s}]"] for s in range(12)]
     assert all(r.outcome == "passed" and r.steps == LENGTH for r in passed)

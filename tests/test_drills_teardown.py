@@ -2,9 +2,10 @@
 
 A real ``python -m pytest -n 2`` run of a small project in its own session; the drill signals the
 controller itself (not its process group) once bridges are up and episodes are running. Then,
-soon (within a few seconds; the tests wait up to 30 s, for a loaded machine): no bridge (nor worker) of that run is left, no file holding the run's secret
-is left, and every episode whose PASSED/FAILED line was printed is in the results file, which a
-resumed run completes without running those episodes again.
+within a few seconds (the tests wait up to 30 s, for a loaded machine): no bridge (nor worker) of
+that run is left, no file holding the run's secret is left, and every episode whose PASSED/FAILED
+line was printed is in the results file, which a resumed run completes without running those
+episodes again.
 """
 
 from __future__ import annotations

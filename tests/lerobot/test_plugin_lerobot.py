@@ -62,9 +62,10 @@ def _records(path: Path) -> dict[str, object]:
 
 def _torch_loaded(junit: Path) -> dict[str, str | None]:
     """Each testcase's ``torch_loaded`` property (None where it has none)."""
-    cases = ET.parse(junit).getroot().iter("testcase")
-    return {case.get("name"): next((p.get("value") for p in case.iter("property") if p.get("name") == "torch_loaded"),
-                                   None) for case in cases}
+    def value(case: ET.Element) -> str | None:
+        return next((p.get("value") for p in case.iter("property") if p.get("name") == "torch_loaded"), None)
+
+    return {case.get("name"): value(case) for case in ET.parse(junit).getroot().iter("testcase")}
 
 
 def test_a_lerobot_checkpoint_drives_episodes_through_the_bridge_and_the_plugin(project):
