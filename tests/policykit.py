@@ -103,6 +103,14 @@ def serve_waiting(tmp_path: Path, spec: str, *extra: str) -> tuple[subprocess.Po
     return proc, announce, contract
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``path`` as the pool writes a contract: a temporary file in the same folder, then
+    ``os.replace``, so a server polling for ``path`` never reads it half written."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
     """The announce at ``path`` once it appears (the process must not exit first)."""
     deadline = time.monotonic() + timeout

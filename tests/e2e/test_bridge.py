@@ -309,25 +309,40 @@ def test_cartpole_with_discrete_actions_runs_an_episode(bridge):
 
 
 def test_wave_fallback_claims_wait_for_the_next_global_reset(bridge):
+    """Seeds 3 and 6 claim first (one wave, or two if the second came after the first's reset);
+    7 claims once both hold their slots, while a slot of the running wave may already be free.
+    Its claim returns only after the wave's last episode was graded: 6 dawdles before grading,
+    so a claim that took 3's freed slot at once would come back before 6's grading began."""
     address = bridge(f"{SIMKIT}:counter_waves", 2)
-    order = []
+    events: dict[tuple[str, int], float] = {}
+    first_claims = threading.Semaphore(0)
 
-    def episode(seed, delay):
+    def episode(seed, dawdle=0.0):
         def go():
-            time.sleep(delay)
+            if seed == 7:  # after 3 and 6 both claimed
+                for _ in range(2):
+                    assert first_claims.acquire(timeout=20)
+                events["asked", 7] = time.monotonic()
             with ControlClient(address) as control:
                 claim = control.claim(seed=seed, wait=20)
-                order.append(("claimed", seed, time.monotonic()))
+                events["claimed", seed] = time.monotonic()
+                if seed != 7:
+                    first_claims.release()
                 with SlotClient(address, claim.token) as ws:
                     frame = ws.first_observation
                     assert frame["state"][0] == seed
                     while not frame["terminated"]:
                         frame = ws.step(np.zeros(1, np.float32))
+                time.sleep(dawdle)  # its slot stays taken (done, not graded) meanwhile
+                events["grading", seed] = time.monotonic()  # before result() frees the slot
                 assert control.result(claim.token)["total_reward"] == pytest.approx(seed)
         return go
 
-    assert run_threads([episode(3, 0), episode(6, 0), episode(7, 0.3)]) == []
-    assert sorted(s for _, s, _ in order) == [3, 6, 7]
+    assert run_threads([episode(3), episode(6, dawdle=1.0), episode(7)]) == []
+    assert events["asked", 7] >= max(events["claimed", 3], events["claimed", 6])
+    # the next wave (7's) was reset only once every episode of the earlier one was over
+    assert events["claimed", 7] > events["grading", 6] > events["claimed", 6], events
+    assert events["claimed", 7] > events["grading", 3] > events["claimed", 3], events
 
 
 def run_to_the_end(address, control, claim, seed, pause: float = 0.0):

@@ -29,16 +29,19 @@ def test_the_example_suites_run_with_eight_workers_on_width_eight(tmp_path):
         assert task in out.stdout
 
 
-def test_the_earlier_checkpoint_is_a_regression_against_the_committed_baseline():
+# Each run writes its own results file: evals/pytest.ini's default, hud-results.jsonl in the
+# rootdir, would be written by two tests at once under -n 2.
+def test_the_earlier_checkpoint_is_a_regression_against_the_committed_baseline(tmp_path):
     out = pytest_evals("evals/test_cartpole.py", "-n", "2",
                        "--hud-policy=evals/policies/numpy_policies.py:cartpole_early",
-                       f"--hud-baseline={BASELINE}")
+                       f"--hud-baseline={BASELINE}", f"--hud-results={tmp_path / 'r.jsonl'}")
     assert out.returncode == 1, out.stdout[-3000:]
     assert "gate: REGRESSION test_cartpole.py::test_balance" in out.stdout
 
 
-def test_the_final_checkpoint_passes_against_its_own_baseline():
-    out = pytest_evals("evals/test_cartpole.py", "-n", "2", f"--hud-baseline={BASELINE}")
+def test_the_final_checkpoint_passes_against_its_own_baseline(tmp_path):
+    out = pytest_evals("evals/test_cartpole.py", "-n", "2", f"--hud-baseline={BASELINE}",
+                       f"--hud-results={tmp_path / 'r.jsonl'}")
     assert out.returncode == 0, out.stdout[-3000:]
     assert "FAILED (" not in out.stdout and "PASSED (" in out.stdout
 

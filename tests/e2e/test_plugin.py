@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from pytest_hud.client import ControlClient
 from pytest_hud.core.results import load_results
 from pytest_hud.sim.threads import default_threads
 
@@ -73,10 +74,27 @@ def test_balance(shared_sim, robot_agent, seed):
 '''
 
 
+# BALANCE, each episode also noting which worker ran it on which bridge process
+BALANCE_NOTING_THE_BRIDGE = BALANCE.replace("import pytest\n", "import os\nimport pytest\n", 1) + '''
+    with open("bridges.txt", "a") as fh:
+        fh.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {shared_sim.stats()['pid']}\\n")
+'''
+
+
+def bridges_noted(pytester: pytest.Pytester) -> list[tuple[str, int]]:
+    """(worker, bridge pid) of every episode of BALANCE_NOTING_THE_BRIDGE (read after the run ended)."""
+    lines = (pytester.path / "bridges.txt").read_text().splitlines()
+    return [(worker, int(pid)) for worker, pid in (line.split() for line in lines)]
+
+
 def test_two_workers_share_a_bridge_and_junit_carries_episode_properties(project):
-    project.makepyfile(test_cartpole=BALANCE)
+    project.makepyfile(test_cartpole=BALANCE_NOTING_THE_BRIDGE)
     result = run(project, "-n", "2", "--hud-width=2", "--junitxml=junit.xml", "--hud-results=r.jsonl")
     result.assert_outcomes(passed=6)
+    # both workers' episodes ran on one bridge process (one per worker would show two pids)
+    noted = bridges_noted(project)
+    assert len(noted) == 6 and {worker for worker, _ in noted} == {"gw0", "gw1"}, noted
+    assert len({pid for _, pid in noted}) == 1, noted
     result.stdout.fnmatch_lines(["*pytest-hud summary*", "*test_cartpole.py::test_balance*6*6*100.0%*",
                                  "coverage: 6/6 declared episodes reported, 6 graded, 0 errors*"])
     root = ET.parse(project.path / "junit.xml").getroot()
@@ -129,18 +147,32 @@ def test_no_xdist_runs_in_process(project):
 
 
 def test_a_killed_worker_is_an_error_its_slot_is_freed_and_the_rest_pass(project):
+    # One worker on one bridge of one slot: the replacement worker shares the bridge (one worker per
+    # bridge group) and every episode after the crash claims the very slot the dead worker held.
+    # Freed when the dead worker's control connection closed, it is claimed again at once; left held,
+    # those claims would wait for the bridge's 600 s slot wait, and --timeout fails them instead.
     project.makepyfile(test_crash='''
-import os, pytest
+import os, time, pytest
 
 @pytest.mark.parametrize("seed", range(6))
 def test_episode(shared_sim, robot_agent, seed):
     if seed == 2:
         with shared_sim.episode(seed=seed) as ep:
+            with open("crash.txt", "w") as fh:
+                fh.write(f"{time.time()}\\n")
             os._exit(1)   # the worker dies holding a claimed slot
-    assert robot_agent.run(shared_sim.episode(seed=seed)).success
+    with shared_sim.episode(seed=seed) as ep:
+        with open("claims.txt", "a") as fh:
+            fh.write(f"{time.time()}\\n")
+        result = robot_agent.run(ep)
+    assert result.success
 ''')
-    result = run(project, "-n", "2", "--hud-width=2", "--hud-results=r.jsonl")
+    result = run(project, "-n", "1", "--hud-width=1", "--hud-results=r.jsonl", "--timeout=30")
     result.assert_outcomes(passed=5, errors=1)
+    crashed = float((project.path / "crash.txt").read_text())
+    claims = [float(t) for t in (project.path / "claims.txt").read_text().split()]
+    after = sorted(t for t in claims if t > crashed)
+    assert len(after) == 3, (crashed, claims)  # one worker runs the seeds in order: 3, 4 and 5 came after
     result.stdout.fnmatch_lines(["*coverage: 6/6 declared episodes reported, 5 graded, 1 errors*"])
     records = {r.episode: r for r in load_results(project.path / "r.jsonl").episodes}
     assert records["2"].outcome == "error" and "crashed" in records["2"].error
@@ -582,9 +614,15 @@ def test_attach_to_a_bridge_someone_else_started(project, bridge):
     address = bridge(f"{project.path / 'sims.py'}:cartpole", 1)
     announce = project.path / "announce.json"
     announce.write_text(json.dumps(address.to_dict()))
-    project.makepyfile(test_cartpole=BALANCE)
+    project.makepyfile(test_cartpole=BALANCE_NOTING_THE_BRIDGE)
     result = run(project, "-p", "no:xdist", f"--hud-sim-url={announce}")
     result.assert_outcomes(passed=6)
+    # the episodes ran on the given bridge, not on one the plugin started for itself
+    assert address.pid == bridge.processes[-1].pid
+    assert {pid for _, pid in bridges_noted(project)} == {address.pid}
+    with ControlClient(address) as control:
+        stats = control.stats()
+    assert stats["pid"] == address.pid and stats["episodes"] == 6, stats
 
 
 def test_a_policy_that_never_returns_does_not_hang_the_worker(project):

@@ -4,6 +4,7 @@ openpi-client sends it (``Authorization: Api-Key KEY``). Real server subprocesse
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -149,24 +150,37 @@ def cartpole():
     return gym.make("CartPole-v1", max_episode_steps=30)
 '''
 
+# Where the policy is loaded and where it answers: each process that loads it or calls it says so,
+# so a policy loaded in the workers (no server at all) shows up as the workers' pids.
 PROJECT_POLICIES = '''
+import json, os, sys
+
 import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))  # whatever the process's working directory
 
 class Balance:
     def predict(self, observation, prompt=None):
+        with open(os.path.join(HERE, "predicted.txt"), "a") as fh:
+            fh.write(f"{os.getpid()}\\n")
         state = observation["state"]
         return np.asarray([int(state[2] + 0.5 * state[3] > 0)])
 
 def balance():
+    with open(os.path.join(HERE, "loaded.txt"), "a") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), "argv": sys.argv}) + "\\n")
     return Balance()
 '''
 
 PROJECT_TEST = '''
+import os
 import pytest
 
 @pytest.mark.parametrize("seed", range(4))
 def test_balance(shared_sim, robot_agent, seed):
     result = robot_agent.run(shared_sim.episode(seed=seed))
+    with open("workers.txt", "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
     assert result.steps == 30
 '''
 
@@ -179,3 +193,12 @@ def test_workers_reach_the_runs_keyed_policy_server(pytester: pytest.Pytester, m
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2",
                                            "--hud-policy-server", timeout=200)
     result.assert_outcomes(passed=4)
+    # The policy was loaded once, by the policy server, and every action came from that process:
+    # none from the workers (a policy loaded in the workers would show their pids here).
+    workers = {int(pid) for pid in (pytester.path / "workers.txt").read_text().split()}
+    loads = [json.loads(line) for line in (pytester.path / "loaded.txt").read_text().splitlines()]
+    assert workers and len(loads) == 1, (workers, loads)
+    (server,) = loads
+    assert server["pid"] not in workers and "--policy" in server["argv"], server  # the server's command line
+    predicted = [int(pid) for pid in (pytester.path / "predicted.txt").read_text().split()]
+    assert len(predicted) >= 4 and set(predicted) == {server["pid"]}, (len(predicted), set(predicted))

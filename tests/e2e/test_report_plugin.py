@@ -9,7 +9,7 @@ import pytest
 
 from pytest_hud.recording.trace import load_trace
 from pytest_hud.core.results import load_results
-from test_report_html_browser import browser, needs_chromium, video_states  # noqa: F401 - fixtures
+from test_report_html_browser import browser, video_states  # noqa: F401 - fixtures (browser: skips or fails without Chromium)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -117,7 +117,6 @@ def test_pytest_html_gets_episode_columns_when_the_plugin_activates_after_sessio
     assert len(list((project.path / "hud-videos").glob("*.mp4"))) == 2
 
 
-@needs_chromium
 def test_pytest_html_report_from_a_real_run_plays_the_failed_videos(project, browser):  # noqa: F811
     pytest.importorskip("pytest_html")
     pytest.importorskip("av")

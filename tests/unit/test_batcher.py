@@ -1,7 +1,7 @@
 """The policy server's batching rules as plain calls: which requests share a forward, who a failure
 is pinned on, how long a batch gathers.
 
-No sockets and no threads: a fake model records every call it gets. ``tests/test_policy_server.py``
+No sockets and no threads: a fake model records every call it gets. ``tests/e2e/test_policy_server.py``
 drives the same rules end to end through a real server.
 """
 

@@ -28,7 +28,7 @@ pytest.importorskip("lerobot.policies")
 
 from evals.sims.reach import expert_action, make_reach
 from conftest import stop
-from policykit import serve_waiting, start_server, wait_for
+from policykit import serve_waiting, start_server, wait_for, write_atomically
 from pytest_hud.agent.lerobot import LeRobotPolicy
 from pytest_hud.agent.remote import RemotePolicy
 from pytest_hud.core.contract import derive_contract
@@ -129,7 +129,7 @@ def test_a_server_loaded_ahead_checks_the_contract_when_it_comes_and_serves_as_l
     (tmp_path / "wrong").mkdir()
     proc, announce, contract = serve_waiting(tmp_path / "wrong", str(FINAL))
     try:
-        contract.write_text(json.dumps(reach_contract(state_size=5)))
+        write_atomically(contract, json.dumps(reach_contract(state_size=5)))
         assert proc.wait(120) == 2
         refused = proc.stderr.read()
     finally:
@@ -147,7 +147,7 @@ def test_a_server_loaded_ahead_checks_the_contract_when_it_comes_and_serves_as_l
     try:
         time.sleep(0.5)
         assert not announce.exists()  # no contract yet: not serving
-        contract.write_text(json.dumps(reach_contract()))
+        write_atomically(contract, json.dumps(reach_contract()))
         served = wait_for(announce, proc, timeout=120)
         state = reach_states(1)[0]
         with RemotePolicy(served["url"], timeout=60) as policy:

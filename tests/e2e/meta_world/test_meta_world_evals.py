@@ -42,6 +42,10 @@ def test_the_mt10_state_suite_runs_in_one_multi_task_bridge(tmp_path):
     results = tmp_path / "state.jsonl"
     out = pytest_evals("evals/test_meta_world.py", "-n", "2", "--hud-width=2", f"--hud-results={results}")
     check_suite(out, results, "test_mt10", 10, 95)  # the experts: 98/100 here
+    # One sim (the ten tasks are claims, not builds), run by one bridge that both workers shared:
+    # the results file's summary lists each sim with every bridge the run started for it.
+    (sim,) = load_results(results).provenance["sims"]
+    assert sim["build"] == {} and len(sim["bridges"]) == 1, sim
 
 
 def test_the_mt10_pixel_suite_renders_and_runs(tmp_path):
