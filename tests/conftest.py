@@ -52,9 +52,9 @@ def launch(cmd: list[str], tmp_path: Path, what: str, timeout: float = 60.0, **p
 
 
 def start_bridge(tmp_path: Path, target: str, width: int, *extra: str, timeout: float = 60.0):
-    """Start ``python -m pytest_hud.sim`` and wait for its announce file; returns (process, address)."""
+    """Start ``python -m pytest_hud.bridge`` and wait for its announce file; returns (process, address)."""
     announce = tmp_path / f"bridge-{time.monotonic_ns()}.json"
-    proc, _ = launch([sys.executable, "-m", "pytest_hud.sim", target, "--width", str(width), *extra,
+    proc, _ = launch([sys.executable, "-m", "pytest_hud.bridge", target, "--width", str(width), *extra,
                       "--announce", str(announce)], tmp_path, "bridge", timeout,
                      env=dict(os.environ, SDL_VIDEODRIVER="dummy"))
     return proc, BridgeAddress.from_announce(announce)

@@ -148,7 +148,7 @@ def bridges_of(controller_pid: int) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "pytest_hud.sim" in cmd and "--parent-pid" in cmd:
+        if "pytest_hud.bridge" in cmd and "--parent-pid" in cmd:
             if cmd[cmd.index("--parent-pid") + 1] == str(controller_pid):
                 found.append(p)
     return alive(found)

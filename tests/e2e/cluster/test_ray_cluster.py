@@ -216,7 +216,7 @@ def test_sigkill_of_the_controller_leaves_no_actor_bridge_or_policy_server(nodes
         def all_placed() -> dict[int, str]:  # one bridge, two policy replicas (one per worker), their actors
             found = placed_processes()
             kinds = list(found.values())
-            complete = (kinds.count("actor") == 3 and sum("pytest_hud.sim" in k for k in kinds) == 1
+            complete = (kinds.count("actor") == 3 and sum("pytest_hud.bridge" in k for k in kinds) == 1
                         and sum("pytest_hud.serving" in k for k in kinds) == 2)
             return found if complete else {}
 
@@ -234,7 +234,7 @@ def test_a_crashed_raylet_with_a_silent_controller_still_leaves_nothing_running(
     try:
         eventually(lambda: len(episodes(tmp_path / "results.jsonl")) >= 1, 180, "an episode finished")
         before = placed_processes()
-        bridges = [pid for pid, what in before.items() if "pytest_hud.sim" in what]
+        bridges = [pid for pid, what in before.items() if "pytest_hud.bridge" in what]
         assert len(bridges) == 1, before
         announce = before[bridges[0]].split("--announce ")[1].split()[0]
         log = Path(announce).with_name("service.log")
