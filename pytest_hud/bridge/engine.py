@@ -262,9 +262,9 @@ class BridgeEngine(TickRules, FaultRules):
         return [s for s in self.slots if s.owner == owner and s.state is not SlotState.FREE]
 
     def grade(self, slot: Slot) -> dict[str, Any]:
-        """``result(token)``: the grade, its prompt and task; the caller then releases the slot."""
-        result = slot.result()
-        result["prompt"] = slot.prompt
+        """``result(token)``: the slot's :class:`~pytest_hud.core.results.EpisodeResult` as it
+        crosses the control channel, plus the claim's task; the caller then releases the slot."""
+        result = slot.result().to_dict()
         result["task"] = {k: v for k, v in slot.task.items() if k != "options"}
         self.episodes += 1
         return result

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from pytest_hud.bridge.failures import SlotFailure
+from pytest_hud.core.results import EpisodeResult
 
 __all__ = ["Slot", "SlotState"]
 
@@ -71,18 +72,19 @@ class Slot:
         self.error, self.failure, self.pending_action, self.connected = None, None, None, False
         self.deadline, self.awaiting = None, "first action"
 
-    def result(self) -> dict[str, Any]:
-        """The episode's grade as builtin types (what ``result(token)`` returns)."""
+    def result(self) -> EpisodeResult:
+        """The episode's grade (what ``result(token)`` returns, as :meth:`EpisodeResult.to_dict`)."""
         score = self.score if self.score is not None else (1.0 if self.success else 0.0)
-        return {
-            "slot": self.index,
-            "seed": self.seed,
-            "success": bool(self.success),
-            "success_at_reset": bool(self.success_at_reset),
-            "score": float(min(1.0, max(0.0, score))),
-            "total_reward": float(self.total_reward),
-            "steps": int(self.steps),
-            "terminated": bool(self.terminated),
-            "truncated": bool(self.truncated),
-            "error": self.error,
-        }
+        return EpisodeResult(
+            success=bool(self.success),
+            score=float(min(1.0, max(0.0, score))),
+            total_reward=float(self.total_reward),
+            steps=int(self.steps),
+            slot=self.index,
+            seed=self.seed,
+            prompt=self.prompt,
+            success_at_reset=bool(self.success_at_reset),
+            terminated=bool(self.terminated),
+            truncated=bool(self.truncated),
+            error=self.error,
+        )

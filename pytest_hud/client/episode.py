@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_hud.client.bridge import BridgeAddress, BridgeError, ControlClient
 from pytest_hud.core.contract import Contract
+from pytest_hud.core.results import EpisodeResult
 
 __all__ = ["Episode", "EpisodeError", "EpisodeResult"]
 
@@ -26,29 +26,6 @@ class EpisodeError(RuntimeError):
 
     The pytest plugin reports these as *errors*, not as failed episodes.
     """
-
-
-@dataclass
-class EpisodeResult:
-    """What one episode did. Builtin types only, so it crosses the xdist channel as-is."""
-
-    success: bool
-    score: float
-    total_reward: float
-    steps: int
-    duration_s: float
-    slot: int | None = None
-    seed: int | None = None
-    prompt: str | None = None
-    success_at_reset: bool = False
-    terminated: bool = False
-    truncated: bool = False
-    error: str | None = None
-    inference_s: float = 0.0
-    artefacts: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Episode:
@@ -125,22 +102,8 @@ class Episode:
     def finish(self, steps: int, inference_s: float = 0.0, error: str | None = None,
                artefacts: dict[str, str] | None = None) -> EpisodeResult:
         """Grade and build the :class:`EpisodeResult` (called by the agent loop)."""
-        grade = self.grade()
+        grade = EpisodeResult.from_dict({"steps": steps, **self.grade()})
         duration = time.monotonic() - (self.started or time.monotonic())
-        self.result = EpisodeResult(
-            success=bool(grade["success"]) and error is None,
-            score=float(grade["score"]),
-            total_reward=float(grade["total_reward"]),
-            steps=int(grade.get("steps", steps)),
-            duration_s=float(duration),
-            slot=self.slot,
-            seed=self.seed,
-            prompt=self.prompt,
-            success_at_reset=bool(grade.get("success_at_reset", False)),
-            terminated=bool(grade.get("terminated", False)),
-            truncated=bool(grade.get("truncated", False)),
-            error=error or grade.get("error"),
-            inference_s=float(inference_s),
-            artefacts=dict(artefacts or {}),
-        )
+        self.result = grade.completed(duration_s=duration, inference_s=inference_s, error=error,
+                                      artefacts=artefacts, slot=self.slot, seed=self.seed, prompt=self.prompt)
         return self.result

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_hud.core.results import to_builtin
+from pytest_hud.core.results import EpisodeResult, to_builtin
 
 __all__ = ["classify", "episode_identity", "episode_record", "episode_teststatus", "is_episode_error", "skip_reason"]
 
@@ -82,7 +82,7 @@ def episode_record(ident: Mapping[str, Any], *, outcome: str, identity: Mapping[
                    grade: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The builtin-typed record a worker attaches to an episode's report (``hud_episode``).
 
-    ``result`` is the :class:`~pytest_hud.client.episode.EpisodeResult` when the agent finished the episode;
+    ``result`` is the :class:`~pytest_hud.core.results.EpisodeResult` when the agent finished the episode;
     ``grade`` the bridge's grade when only that is known (the test failed before the agent returned).
     """
     error = None
@@ -102,19 +102,11 @@ def episode_record(ident: Mapping[str, Any], *, outcome: str, identity: Mapping[
         "skip_reason": skipped_because if outcome == "skipped" else None,
     }
     if result is not None:
-        record.update(
-            score=result.score, total_reward=result.total_reward, steps=result.steps,
-            duration_s=result.duration_s, slot=result.slot, artefacts=dict(result.artefacts),
-            extra={"env_success": result.success, "success_at_reset": result.success_at_reset,
-                   "inference_s": result.inference_s, "terminated": result.terminated,
-                   "truncated": result.truncated},
-        )
+        record.update(result.record_fields())
         if ident.get("seed") is None and result.seed is not None:
             record["seed"] = result.seed
     elif grade is not None:
-        record.update(score=grade.get("score"), total_reward=grade.get("total_reward"),
-                      steps=grade.get("steps"), slot=grade.get("slot"),
-                      extra={"env_success": grade.get("success")})
+        record.update(EpisodeResult.from_dict(grade).record_fields(graded_only=True))
     return to_builtin(record)
 
 

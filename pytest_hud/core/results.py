@@ -27,7 +27,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from pytest_hud.stats import wilson_interval
 __all__ = [
     "SCHEMA",
     "EpisodeRecord",
+    "EpisodeResult",
     "Results",
     "ResultsWriter",
     "TaskSummary",
@@ -70,6 +71,68 @@ def to_builtin(value: Any) -> Any:
     if callable(tolist):
         return to_builtin(tolist())
     return str(value)
+
+
+@dataclass
+class EpisodeResult:
+    """What one episode did: the one result type from the bridge's grade to the results line.
+
+    The bridge grades a slot into one (:meth:`pytest_hud.bridge.slots.Slot.result`; it crosses the
+    control channel as :meth:`to_dict`); the worker's episode completes it with what only the worker
+    knows (:meth:`completed`: the duration, the policy's time, artefacts, an error of the agent's) and
+    hands it back from ``robot_agent.run``; the worker's record of the test takes its fields from it
+    (:meth:`record_fields`), so each field has one name and one meaning all the way to the results
+    file. Builtin types only, so it crosses the xdist channel as it is.
+    """
+
+    success: bool
+    score: float
+    total_reward: float
+    steps: int
+    duration_s: float = 0.0
+    slot: int | None = None
+    seed: int | None = None
+    prompt: str | None = None
+    success_at_reset: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None
+    inference_s: float = 0.0
+    artefacts: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EpisodeResult:
+        """The result a bridge's ``result(token)`` answered (fields it does not send keep their defaults)."""
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def completed(self, *, duration_s: float, inference_s: float = 0.0, error: str | None = None,
+                  artefacts: Mapping[str, str] | None = None, slot: int | None = None,
+                  seed: int | None = None, prompt: str | None = None) -> EpisodeResult:
+        """This grade completed by the worker: an error of its own makes the episode unsuccessful."""
+        return replace(
+            self, success=bool(self.success) and error is None, duration_s=float(duration_s),
+            inference_s=float(inference_s), error=error or self.error, artefacts=dict(artefacts or {}),
+            slot=self.slot if slot is None else slot, seed=self.seed if seed is None else seed,
+            prompt=self.prompt if prompt is None else prompt)
+
+    def record_fields(self, *, graded_only: bool = False) -> dict[str, Any]:
+        """The results line's fields this result fills (``extra`` holds what the gate does not read).
+
+        ``graded_only``: the bridge graded the episode but the worker never completed it (the test
+        failed before the agent returned): the record keeps the test's own duration and artefacts.
+        """
+        if graded_only:
+            return {"score": self.score, "total_reward": self.total_reward, "steps": self.steps,
+                    "slot": self.slot, "extra": {"env_success": self.success}}
+        return {"score": self.score, "total_reward": self.total_reward, "steps": self.steps,
+                "duration_s": self.duration_s, "slot": self.slot, "artefacts": dict(self.artefacts),
+                "extra": {"env_success": self.success, "success_at_reset": self.success_at_reset,
+                          "inference_s": self.inference_s, "terminated": self.terminated,
+                          "truncated": self.truncated}}
 
 
 @dataclass

@@ -268,7 +268,7 @@ def test_a_wrong_shape_action_fails_that_slot_only_and_its_peer_steps_on():
         act(engine, good)
         frames.update(tick(engine, sim))
     assert good.steps == 3 and bad.steps == 0 and frames.keys() == {good.index}
-    assert good.result()["total_reward"] == pytest.approx(2.0)
+    assert good.result().total_reward == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("frame, reason", [
@@ -387,7 +387,7 @@ def test_a_silent_first_action_names_its_own_flag():
     slot = live_slot(engine, sim, 1, now=10.0)
     [(_, failure)] = engine.expire(310.0)
     assert "sent no first action within 300 s (--hud-first-action-timeout)" in str(failure)
-    assert slot.result()["steps"] == 0 and "no first action" in slot.result()["error"]
+    assert slot.result().steps == 0 and "no first action" in slot.result().error
 
 
 def test_a_slot_waiting_for_its_peers_is_never_late():
@@ -410,9 +410,9 @@ def test_success_is_latched_and_success_at_reset_is_flagged():
         batch.success[:] = [success, False]
         frames = dict(engine.apply_batch(plan, batch, obs, now=0.0))
         assert frames[slot.index]["success"] is True  # latched: the second step cannot take it back
-    assert slot.result()["success"] and slot.result()["score"] == 1.0
+    assert slot.result().success and slot.result().score == 1.0
     result = already.result()
-    assert result["success_at_reset"] and not result["success"]  # not counted as the policy's success
+    assert result.success_at_reset and not result.success  # not counted as the policy's success
 
 
 def test_a_terminal_step_ends_the_episode_and_a_later_frame_is_refused():
@@ -554,7 +554,7 @@ def test_a_slot_warming_up_its_model_does_not_hold_back_its_peers_in_ready_mode(
         assert tick(engine, sim, now=now) is None
         now += 0.002
         tick(engine, sim, now=now)
-    assert quick.result()["steps"] == 3 and quick.result()["success"]
+    assert quick.result().steps == 3 and quick.result().success
     assert warming.state is SlotState.LIVE and warming.steps == 0
     assert list(sim.observe()["state"][warming.index]) == [1, 0]
 
@@ -569,7 +569,7 @@ def test_an_episode_takes_the_same_steps_under_lockstep_and_ready():
             act(engine, *[slots[i] for i in who if slots[i].state is SlotState.LIVE], value=0.1, now=now)
             for i, frame in (tick(engine, sim, now=now + 1.0) or {}).items():
                 frames[i].append(frame["state"].tolist())
-        return [s.result() for s in slots], frames
+        return [s.result().to_dict() for s in slots], frames
 
     rounds = [(0,), (1, 2), (0, 1, 2), (2,), (0, 1)] * 3
     ready_result = play(*ready(3, window=0.5), rounds)
@@ -688,7 +688,7 @@ def test_an_episode_takes_the_same_steps_under_lockstep_and_lanes():
             act(engine, *[s for s in slots if s.state is SlotState.LIVE], value=0.1)
             for i, frame in step(engine, sim).items():
                 frames[i].append(frame["state"].tolist())
-        return {s.seed: ({k: v for k, v in s.result().items() if k != "slot"}, frames[s.index]) for s in slots}
+        return {s.seed: ({k: v for k, v in s.result().to_dict().items() if k != "slot"}, frames[s.index]) for s in slots}
 
     def by_lane(engine, sim):  # lane 1 first, as when its process answers first
         return {**(lane_tick(engine, sim, 1) or {}), **(lane_tick(engine, sim, 0) or {})}

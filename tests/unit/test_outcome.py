@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from pytest_hud.core.outcome import classify, episode_identity, episode_record, skip_reason
@@ -47,9 +45,11 @@ def test_skip_reasons_come_from_the_report():
 def test_the_record_carries_the_bridge_error_and_builtin_numbers():
     import numpy as np
 
-    result = SimpleNamespace(score=np.float32(1.0), total_reward=np.float64(60.0), steps=np.int64(60),
-                             duration_s=0.5, slot=1, artefacts={}, success=True, success_at_reset=False,
-                             inference_s=0.1, terminated=False, truncated=True, seed=4)
+    from pytest_hud.core.results import EpisodeResult
+
+    result = EpisodeResult(score=np.float32(1.0), total_reward=np.float64(60.0), steps=np.int64(60),
+                           duration_s=0.5, slot=1, artefacts={}, success=True, success_at_reset=False,
+                           inference_s=0.1, terminated=False, truncated=True, seed=4)
     rec = episode_record({"task": "t", "episode": "4", "seed": None, "nodeid": "n"}, outcome="error",
                          identity={}, worker="gw0", duration_s=1.0, exc=AssertionError("x"),
                          bridge_error="slot 1: no action within 30 s", result=result)
@@ -58,3 +58,31 @@ def test_the_record_carries_the_bridge_error_and_builtin_numbers():
     failed = episode_record({"task": "t", "episode": "4", "seed": 4, "nodeid": "n"}, outcome="failed",
                             identity={}, worker="gw0", duration_s=1.0, exc=AssertionError("x"))
     assert failed["success"] is False and failed["error"] is None
+
+
+def test_one_result_type_from_the_bridges_grade_to_the_results_line():
+    import json
+    from dataclasses import fields
+
+    from pytest_hud.bridge.slots import Slot
+    from pytest_hud.core.outcome import episode_record
+    from pytest_hud.core.results import EpisodeRecord, EpisodeResult
+
+    slot = Slot(2, seed=7, prompt="push", steps=30, total_reward=4.5, success=True, terminated=True)
+    grade = slot.result()
+    assert isinstance(grade, EpisodeResult) and grade.score == 1.0 and grade.slot == 2
+    wire = json.loads(json.dumps({**grade.to_dict(), "task": {"seed": 7}}))  # what result(token) sends
+    assert EpisodeResult.from_dict(wire) == grade
+    done = EpisodeResult.from_dict(wire).completed(duration_s=1.5, inference_s=0.25, artefacts={"video": "v.mp4"})
+    assert (done.success, done.steps, done.duration_s, done.artefacts) == (True, 30, 1.5, {"video": "v.mp4"})
+    assert not grade.completed(duration_s=1.0, error="EpisodeError: boom").success  # the agent's error wins
+    record = episode_record({"task": "t.py::test_x", "episode": "7", "nodeid": "t.py::test_x[7]", "seed": 7},
+                            outcome="passed", identity={}, worker="gw0", duration_s=2.0, result=done)
+    names = {f.name for f in fields(EpisodeRecord)}
+    assert set(done.record_fields()) <= names  # every field lands under its own name in the results line
+    line = EpisodeRecord.from_dict(record)
+    assert (line.steps, line.total_reward, line.duration_s, line.slot) == (30, 4.5, 1.5, 2)
+    assert line.extra["inference_s"] == 0.25 and line.artefacts == {"video": "v.mp4"}
+    graded = episode_record({"task": "t", "episode": "1", "nodeid": "t[1]"}, outcome="error", identity={},
+                            worker="gw0", duration_s=3.0, grade=wire, bridge_error="boom")
+    assert graded["duration_s"] == 3.0 and graded["steps"] == 30 and graded["extra"] == {"env_success": True}
