@@ -890,8 +890,8 @@ def loopback(impl: str, mode: str, size: int, args) -> dict:
     spec = {"impl": impl, "mode": mode, "size": size, "steps": args.steps, "warmup": args.warmup,
             "loop": args.loop, "pin": args.pin}
     cmd = [sys.executable, __file__, "--role"]
-    server = subprocess.Popen([*cmd, json.dumps(dict(spec, role="server"))], stdout=subprocess.PIPE, text=True,
-                              env=server_env)
+    server = subprocess.Popen([*cmd, json.dumps(dict(spec, role="server"))], stdout=subprocess.PIPE,
+                              text=True, env=server_env)
     try:
         assert server.stdout is not None
         line = server.stdout.readline()
