@@ -21,9 +21,11 @@ import socket
 import sys
 from typing import Any, Protocol
 
+from websockets.frames import Close
+
 from pytest_hud.wire.websocket import (
     MAX_HEAD, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, FrameReader, HandshakeError, ProtocolError,
-    close_payload, encode_frame, frame_header, http_error, parse_close, parse_request, switching_protocols,
+    close_payload, encode_frame, frame_header, http_error, parse_request, switching_protocols,
 )
 
 __all__ = ["WsConnection", "WsHandler", "serve_ws"]
@@ -96,7 +98,7 @@ class WsConnection(asyncio.Protocol):
                     if self.state == OPEN:
                         self.transport.write(frame_header(OP_PONG, len(payload)) + payload)  # type: ignore[union-attr]
                 elif opcode == OP_CLOSE:
-                    self._close_received(payload)  # type: ignore[arg-type]
+                    self._close_received(payload)  # type: ignore[arg-type]  # a Close
                     return
                 if self.state == CLOSED:
                     return
@@ -162,16 +164,13 @@ class WsConnection(asyncio.Protocol):
             self.transport.abort()
 
     # -------------------------------------------------------------------- internals
-    def _close_received(self, payload: bytes) -> None:
-        try:
-            code, _ = parse_close(payload)
-        except ProtocolError as exc:
-            self._fail_protocol(exc)
-            return
-        self.close_rcvd = code
+    def _close_received(self, close: Close) -> None:
+        """``close``: the peer's close frame, already checked by the reader."""
+        self.close_rcvd = close.code
         if self.state == OPEN:  # echo the peer's close, then the server closes TCP (RFC 6455 §7.1.1)
             self.state = CLOSING
-            self.transport.write(encode_frame(OP_CLOSE, payload[:2]))  # type: ignore[union-attr]
+            echo = close_payload(close.code) if close.code != 1005 else b""
+            self.transport.write(encode_frame(OP_CLOSE, echo))  # type: ignore[union-attr]
         self.transport.close()  # type: ignore[union-attr]
 
     def _handshake(self, data: bytes) -> bytes:

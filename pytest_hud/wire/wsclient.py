@@ -24,7 +24,7 @@ from websockets.http11 import Response
 
 from pytest_hud.wire.websocket import (
     MAX_HEAD, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, FrameReader, HandshakeError, ProtocolError,
-    client_request, close_payload, encode_frame, parse_close, parse_response,
+    client_request, close_payload, encode_frame, parse_response,
 )
 
 __all__ = ["BlockingWebSocket"]
@@ -129,9 +129,9 @@ class BlockingWebSocket:
                     if self._state == _OPEN:
                         self._write(encode_frame(OP_PONG, payload, mask=True))  # type: ignore[arg-type]
                 elif opcode == OP_CLOSE:
-                    code, reason = parse_close(payload)  # type: ignore[arg-type]
-                    self._rcvd = Close(code, reason)
+                    self._rcvd = payload  # type: ignore[assignment]  # a Close, checked by the reader
                     self._rcvd_first = self._sent is None
+                    code = payload.code  # type: ignore[union-attr]
                     if self._state == _OPEN:  # echo it; the server closes TCP
                         self._send_close(code if code != 1005 else 1000, "")
                     self._state = _CLOSING
