@@ -182,10 +182,11 @@ Implementations, each a server and a client of the same kind (``core`` = (a), ``
 
 - ``core``: the server is ``pytest_hud.bridge.wsserver.WsConnection`` (``serve_ws``) with a
   three-method handler, what the bridge runs; the blocking client is
-  ``pytest_hud.wire.wsclient.BlockingWebSocket``, what a worker runs. wsconn has no asyncio client, so
-  the *loop* client is written here from the core's pieces (``wsproto.client_request`` /
+  ``pytest_hud.wire.wsclient.BlockingWebSocket``, what a worker runs; both run the connection state
+  machine ``pytest_hud.wire.wsstate.WsState``. wsclient has no asyncio client, so
+  the *loop* client is written here from the core's framing pieces (``websocket.client_request`` /
   ``parse_response``, ``FrameReader.whole`` / ``feed`` / ``next``, ``encode_frame``) in an
-  ``asyncio.Protocol``, the way wsconn uses them.
+  ``asyncio.Protocol`` (not WsState: so that ``--before`` runs it against older cores too).
 - ``websockets``: ``websockets.server.ServerProtocol`` in an ``asyncio.Protocol`` (receive_data,
   events_received, send_binary, data_to_send, as its documentation lays out), and
   ``websockets.client.ClientProtocol`` over a blocking socket (blocking mode) or in an
@@ -660,7 +661,7 @@ class LoopClient:
 
 
 class CoreLoopClient(asyncio.Protocol):
-    """(a) The core's pieces in an asyncio.Protocol, as wsconn uses them (wsconn is blocking only)."""
+    """(a) The core's framing pieces in an asyncio.Protocol (wsclient is blocking only)."""
 
     def __init__(self, client: LoopClient, port: int) -> None:
         from pytest_hud.wire import websocket as wsproto
@@ -689,7 +690,7 @@ class CoreLoopClient(asyncio.Protocol):
             if not data:
                 return
         reader = self.reader
-        message = reader.whole(data)  # one whole frame: as wsconn.BlockingWebSocket.recv
+        message = reader.whole(data)  # one whole frame: as WsState.receive
         if message is not None:
             self.client.on_message(message)
             return
@@ -1211,8 +1212,8 @@ def main() -> None:
     print(f"# observation {' / '.join(_size(s) for s in sizes)}, action {ACTION_BYTES} B; {args.loop}; "
           f"websockets {websockets.__version__}, {with_picows}, Python {sys.version.split()[0]}; "
           f"{os.cpu_count()} CPUs")
-    print("# the core's loop client is wsproto's pieces in an asyncio.Protocol (wsconn is blocking only); "
-          "picows has no blocking client")
+    print("# the core's loop client is its framing pieces in an asyncio.Protocol (wsclient is blocking "
+          "only); picows has no blocking client")
     if args.before:
         import pytest_hud
 
