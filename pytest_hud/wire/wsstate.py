@@ -31,20 +31,38 @@ The rules (RFC 6455), the same for both roles:
 Before this module the two shells each had their own copy of these rules, and two differed: a
 close frame without a code was echoed as 1000 by the client but as an empty close frame by the
 server, and after a protocol error the client closed its socket at once while the server sent
-EOF and discarded. The rules above are what both do now.
+EOF and discarded. The rules above are what both do now (and the server, which kept only the
+peer's close code, now has both frames too: ``WsConnection.close_rcvd`` is still that code).
 
 The hot path is :meth:`WsState.receive`: one method call, which tries ``FrameReader.whole`` first
 (a whole message read in one piece, as an action or an observation nearly always is) and returns
 it; the shell then checks ``out`` once. Only when that fails does it feed the reader and go
 through the frames one by one (:meth:`WsState.next`, the rest of what was read, one message at a
-time: a callback server hands each to its handler before the next frame is looked at).
+time: a callback server hands each to its handler before the next frame is looked at, so a
+handler that closes the connection drops what follows, as a frame loop in the shell did; the
+blocking client drains the rest into its own queue at once, so that a close right behind a
+message is noticed before its next ``send``).
 
-Measured with ``benchmarks/ws_core.py`` (in process, the WebSocket layer alone, CPU µs per step;
-``before`` is the two shells with their own state machines, at e96080e), on the 2-core machine
-while another CI run shared it:
+Measured with ``benchmarks/ws_core.py`` (in process: the WebSocket layer alone, CPU µs per step,
+server and blocking client; ``before`` is e96080e, the two shells with their own state machines,
+run in the same rounds), on the 2-core machine while a CI run shared it (load average 2-3):
 
-    $ PYTHONPATH=. python benchmarks/ws_core.py --rounds 5 --no-loopback --before e96080e --impls before
-    BENCHMARK_FIGURES
+    $ PYTHONPATH=. python benchmarks/ws_core.py --rounds 7 --inproc-steps 200000 --no-loopback \
+          --before e96080e --impls before
+    median over 7 rounds of the per-round ratio to core (x>1: costs more than core)
+       200 B server           before x0.94    µs (core / before): 1.31 / 1.23
+       200 B blocking client  before x0.98    µs (core / before): 1.75 / 1.66
+      64 KiB server           before x0.98    µs (core / before): 1.24 / 1.22
+      64 KiB blocking client  before x0.98    µs (core / before): 6.12 / 6.05
+
+So 2-6% more per step here (0.02-0.09 µs). Other runs that day: 200 B server x0.94-0.96, the rest
+x0.95-1.01. Most of it is :meth:`WsState.frame`, one more Python call per message written: with
+the server writing ``frame_header(...) + payload`` itself, as before, its 200 B row read x0.99
+(11 rounds); it is kept, so that masking by role is decided in one place. :meth:`receive` costs
+about nothing over the inlined ``whole()`` (the 64 KiB server row, whose large writes do not go
+through ``frame``). Over loopback (``--rounds 3 --inproc-steps 0 --modes blocking --impls
+before,floor``) the blocking pair's CPU per round trip was level: both x0.98 at 200 B, x1.00 at
+64 KiB.
 """
 
 from __future__ import annotations
