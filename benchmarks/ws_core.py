@@ -3,6 +3,15 @@ protocol objects vs picows, the same exchange on each, side by side in one run.
 
     python benchmarks/ws_core.py [--rounds 3] [--steps 3000] [--inproc-steps 20000]
                                  [--sizes 200,65536] [--pin none|split|same] [--loop uvloop] [--verbose]
+                                 [--before REF] [--impls core,before,...]
+
+``--before REF`` adds the row ``before``: the server and the blocking client of ``git archive REF``
+(``benchmarks/git_ref.extract_package``), in the same rounds as this checkout's (``core``), so a
+change to the core reads as ``before xN`` (N > 1: REF cost more than this checkout). In process,
+REF's modules are imported beside this checkout's (under the same names while they load, then set
+aside); over loopback its two processes run with REF's package first on ``PYTHONPATH``. REF has
+no row of its own in loop mode (the loop client is this file's). ``--impls`` runs only the named
+implementations (``core`` always runs: it is what every ratio is taken to).
 
 Run on the 2-core CPU machine while a CI run shared it (load average 7 to 13), 2 min 5 s:
 
@@ -173,10 +182,11 @@ Implementations, each a server and a client of the same kind (``core`` = (a), ``
 
 - ``core``: the server is ``pytest_hud.bridge.wsserver.WsConnection`` (``serve_ws``) with a
   three-method handler, what the bridge runs; the blocking client is
-  ``pytest_hud.wire.wsclient.BlockingWebSocket``, what a worker runs. wsconn has no asyncio client, so
-  the *loop* client is written here from the core's pieces (``wsproto.client_request`` /
+  ``pytest_hud.wire.wsclient.BlockingWebSocket``, what a worker runs; both run the connection state
+  machine ``pytest_hud.wire.wsstate.WsState``. wsclient has no asyncio client, so
+  the *loop* client is written here from the core's framing pieces (``websocket.client_request`` /
   ``parse_response``, ``FrameReader.whole`` / ``feed`` / ``next``, ``encode_frame``) in an
-  ``asyncio.Protocol``, the way wsconn uses them.
+  ``asyncio.Protocol`` (not WsState: so that ``--before`` runs it against older cores too).
 - ``websockets``: ``websockets.server.ServerProtocol`` in an ``asyncio.Protocol`` (receive_data,
   events_received, send_binary, data_to_send, as its documentation lays out), and
   ``websockets.client.ClientProtocol`` over a blocking socket (blocking mode) or in an
@@ -249,6 +259,10 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from git_ref import extract_package  # noqa: E402
+
+BEFORE: dict[str, object] = {}  # --before: "path" (REF's package), "wsserver" and "wsclient" (its modules)
 ACTION_BYTES = 40
 MAX_SIZE = 1 << 24
 HOST = "127.0.0.1"
@@ -473,7 +487,7 @@ class FloorServer(asyncio.Protocol):
 async def start_server(impl: str, side: Side) -> int:
     """Listen on 127.0.0.1 for ``impl``; returns the port."""
     loop = asyncio.get_running_loop()
-    if impl == "core":
+    if impl == "core":  # also REF's under --before: its process has REF's package on PYTHONPATH
         from pytest_hud.bridge.wsserver import serve_ws
 
         return (await serve_ws(CoreHandler(side), HOST, 0, MAX_SIZE)).port
@@ -490,11 +504,12 @@ async def start_server(impl: str, side: Side) -> int:
 
 # ============================================================= blocking clients
 # Each: ``recv() -> bytes`` (the next observation), ``send(bytes)``, ``close()``.
-def core_blocking(port: int, sock=None):
-    """(a) What a worker runs: pytest_hud.wire.wsclient.BlockingWebSocket."""
-    from pytest_hud.wire.wsclient import BlockingWebSocket
+def core_blocking(port: int, sock=None, wsclient=None):
+    """(a) What a worker runs: pytest_hud.wire.wsclient.BlockingWebSocket (``wsclient``: --before's)."""
+    if wsclient is None:
+        from pytest_hud.wire import wsclient
 
-    ws = BlockingWebSocket(f"ws://{HOST}:{port}/", MAX_SIZE, sock=sock)
+    ws = wsclient.BlockingWebSocket(f"ws://{HOST}:{port}/", MAX_SIZE, sock=sock)
     return lambda: ws.recv(30.0), ws.send, ws.close
 
 
@@ -581,7 +596,37 @@ def floor_blocking(port: int, size: int):
     return recv, sock.sendall, sock.close
 
 
-BLOCKING = {"core": core_blocking, "websockets": websockets_blocking}
+BLOCKING = {"core": core_blocking, "websockets": websockets_blocking,
+            "before": lambda port, sock=None: core_blocking(port, sock, BEFORE["wsclient"])}
+
+
+def load_before(ref: str, into: Path) -> None:
+    """Unpack REF's package into ``into`` and import its server and client beside this checkout's:
+    with this checkout's ``pytest_hud`` modules set aside, REF's are imported from ``into``, kept
+    (their functions hold their own module globals), then taken out of ``sys.modules`` again."""
+    import importlib
+
+    extract_package(ref, into)
+
+    def ours(name: str) -> bool:
+        return name == "pytest_hud" or name.startswith("pytest_hud.")
+
+    saved = {name: sys.modules.pop(name) for name in [n for n in sys.modules if ours(n)]}
+    sys.path.insert(0, str(into))
+    try:
+        importlib.invalidate_caches()
+        BEFORE["wsserver"] = importlib.import_module("pytest_hud.bridge.wsserver")
+        BEFORE["wsclient"] = importlib.import_module("pytest_hud.wire.wsclient")
+        BEFORE["path"] = into
+        where = Path(BEFORE["wsclient"].__file__).resolve()
+        if not where.is_relative_to(into.resolve()):
+            raise SystemExit(f"--before: imported {where}, not REF's package under {into}")
+    finally:
+        sys.path.remove(str(into))
+        for name in [n for n in sys.modules if ours(n)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+        importlib.invalidate_caches()
 
 
 def blocking_steps(recv, send, side: Side, n: int) -> None:
@@ -616,7 +661,7 @@ class LoopClient:
 
 
 class CoreLoopClient(asyncio.Protocol):
-    """(a) The core's pieces in an asyncio.Protocol, as wsconn uses them (wsconn is blocking only)."""
+    """(a) The core's framing pieces in an asyncio.Protocol (wsclient is blocking only)."""
 
     def __init__(self, client: LoopClient, port: int) -> None:
         from pytest_hud.wire import websocket as wsproto
@@ -645,7 +690,7 @@ class CoreLoopClient(asyncio.Protocol):
             if not data:
                 return
         reader = self.reader
-        message = reader.whole(data)  # one whole frame: as wsconn.BlockingWebSocket.recv
+        message = reader.whole(data)  # one whole frame: as WsState.receive
         if message is not None:
             self.client.on_message(message)
             return
@@ -836,13 +881,18 @@ TOP_PAD = "core+pad"  # --top-pad: core again, its client process with glibc's M
 
 def loopback(impl: str, mode: str, size: int, args) -> dict:
     """One server process and one client process of ``impl``; their figures per round trip."""
-    client_env = None
+    client_env = server_env = None
     if impl == TOP_PAD:
         impl, client_env = "core", dict(os.environ, MALLOC_TOP_PAD_=str(1 << 20))
+    elif impl == "before":  # core, from REF's package
+        path = os.pathsep.join(p for p in (str(BEFORE["path"]), os.environ.get("PYTHONPATH")) if p)
+        impl, client_env = "core", dict(os.environ, PYTHONPATH=path)
+        server_env = client_env
     spec = {"impl": impl, "mode": mode, "size": size, "steps": args.steps, "warmup": args.warmup,
             "loop": args.loop, "pin": args.pin}
     cmd = [sys.executable, __file__, "--role"]
-    server = subprocess.Popen([*cmd, json.dumps(dict(spec, role="server"))], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([*cmd, json.dumps(dict(spec, role="server"))], stdout=subprocess.PIPE,
+                              text=True, env=server_env)
     try:
         assert server.stdout is not None
         line = server.stdout.readline()
@@ -930,7 +980,8 @@ class FakeTransport:
 
 
 class FakeSocket:
-    """A blocking socket whose ``recv`` hands over a fresh copy of ``wire`` (after the 101)."""
+    """A blocking socket whose ``recv`` hands over a fresh copy of ``wire`` (after the 101), and
+    whose ``recv_into`` copies it into the caller's buffer."""
 
     family = socket.AF_INET
 
@@ -947,6 +998,12 @@ class FakeSocket:
         if self.pending:
             return self.pending.pop()
         return bytes(self.wire)
+
+    def recv_into(self, buf, n=0):
+        """What the kernel does for core's client (one reused buffer): the frame copied into it."""
+        data = self.pending.pop() if self.pending else self.wire
+        buf[:len(data)] = data
+        return len(data)
 
     def fileno(self):
         return 99
@@ -997,10 +1054,13 @@ def inproc_server(impl: str, size: int, n: int, warm: int) -> float:
             for _ in range(k):
                 _feed_buffered(proto, wire)
     else:
-        if impl == "core":
-            from pytest_hud.bridge.wsserver import WsConnection
+        if impl == "core" or impl == "before":
+            if impl == "before":
+                wsserver = BEFORE["wsserver"]
+            else:
+                from pytest_hud.bridge import wsserver
 
-            conn = WsConnection(CoreHandler(side), MAX_SIZE)
+            conn = wsserver.WsConnection(CoreHandler(side), MAX_SIZE)
         else:
             conn = websockets_server()(side)
         conn.connection_made(transport)
@@ -1102,6 +1162,10 @@ def main() -> None:
                         help=f"Also run core's blocking client with MALLOC_TOP_PAD_=1 MiB (row {TOP_PAD}): "
                              "how much of its loopback cost is the heap growing and shrinking under recv()")
     parser.add_argument("--verbose", action="store_true", help="Also print every run's own figures")
+    parser.add_argument("--before", metavar="REF",
+                        help="Also run the server and blocking client of this git ref (row 'before')")
+    parser.add_argument("--impls", help="Only these implementations, comma-separated (core always runs): "
+                                        "before, websockets, picows, floor, " + TOP_PAD)
     default_loop = "asyncio"
     try:
         import uvloop  # noqa: F401
@@ -1119,22 +1183,41 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m in IMPLS]
     if args.top_pad:
         IMPLS["blocking"] = (*IMPLS["blocking"], TOP_PAD)
+    impls3 = ("core", "websockets", "picows")
+    if args.before:
+        import atexit
+        import shutil
+        import tempfile
+
+        into = Path(tempfile.mkdtemp(prefix="ws_core_before_"))
+        atexit.register(shutil.rmtree, into, True)
+        load_before(args.before, into)
+        impls3 = ("core", "before", *impls3[1:])
+        IMPLS["blocking"] = ("core", "before", *IMPLS["blocking"][1:])
+    if args.impls:
+        keep = {"core", *args.impls.split(",")}
+        impls3 = tuple(i for i in impls3 if i in keep)
+        for mode in IMPLS:
+            IMPLS[mode] = tuple(i for i in IMPLS[mode] if i in keep)
     import websockets
 
-    impls3 = ("core", "websockets", "picows")
     try:
         import picows
 
         with_picows = f"picows {picows.__version__}"
     except ImportError:  # not a dependency of pytest-hud: its rows are left out
         with_picows = "picows not installed (pip install picows): its rows left out"
-        impls3 = impls3[:2]
+        impls3 = tuple(i for i in impls3 if i != "picows")
         IMPLS["loop"] = tuple(i for i in IMPLS["loop"] if i != "picows")
     print(f"# observation {' / '.join(_size(s) for s in sizes)}, action {ACTION_BYTES} B; {args.loop}; "
           f"websockets {websockets.__version__}, {with_picows}, Python {sys.version.split()[0]}; "
           f"{os.cpu_count()} CPUs")
-    print("# the core's loop client is wsproto's pieces in an asyncio.Protocol (wsconn is blocking only); "
-          "picows has no blocking client")
+    print("# the core's loop client is its framing pieces in an asyncio.Protocol (wsclient is blocking "
+          "only); picows has no blocking client")
+    if args.before:
+        import pytest_hud
+
+        print(f"# core: {Path(pytest_hud.__file__).parent}; before: {args.before}, unpacked at {BEFORE['path']}")
     print("# each line: the implementation's figure over core's in the same round (x>1: costs more than core)")
     inproc: dict[tuple, list[float]] = {}
     rows: dict[tuple, list[dict]] = {}
@@ -1161,6 +1244,8 @@ def main() -> None:
                               + "  ".join(f"{k} {v:5.2f} µs" for k, v in r.items()), flush=True)
                 for key in keys_in:
                     sub = {impl: {"CPU": r[key]} for impl, r in got.items() if key in r}
+                    if len(sub) < 2:  # core alone (--impls): no ratio to print
+                        continue
                     print(f"r{rnd + 1} in process {_size(size):>6} {key:<16} "
                           + _ratios(sub, ("CPU",), ratios, ("in process", size, key)), flush=True)
         if args.no_loopback:

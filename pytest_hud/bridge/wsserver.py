@@ -1,4 +1,4 @@
-"""The bridge's slot WebSocket server: an asyncio protocol on :mod:`pytest_hud.wire.websocket`, with callbacks.
+"""The bridge's slot WebSocket server: an asyncio protocol on :mod:`pytest_hud.wire.wsstate`, with callbacks.
 
 A message is handed to the bridge from ``data_received``, in the same loop iteration that read it:
 no task wakes up per message, and a reply is written straight to the transport. The handler gets
@@ -8,7 +8,10 @@ no task wakes up per message, and a reply is written straight to the transport. 
 - ``ws_closed(conn)`` once, when the connection is gone (``conn.close_rcvd`` is the peer's close
   code, if it sent one).
 
-Pings are answered, a peer's close is echoed, and a protocol violation closes with its code.
+The connection's state machine is a server :class:`~pytest_hud.wire.wsstate.WsState`, the one a
+worker's blocking client runs too: pings answered, a peer's close echoed, a protocol violation
+closing with its code, by the same rules on both ends. This module is its I/O: the transport,
+the open and close timers, the registry of connections and the handler's callbacks.
 """
 
 from __future__ import annotations
@@ -21,14 +24,11 @@ import socket
 import sys
 from typing import Any, Protocol
 
-from pytest_hud.wire.websocket import (
-    MAX_HEAD, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, FrameReader, HandshakeError, ProtocolError,
-    close_payload, encode_frame, frame_header, http_error, parse_close, parse_request, switching_protocols,
-)
+from pytest_hud.wire.websocket import OP_BINARY, OP_TEXT, HandshakeError, frame_header
+from pytest_hud.wire.wsstate import CLOSED, CLOSING, CONNECTING, OPEN, WsState
 
-__all__ = ["WsConnection", "WsHandler", "serve_ws"]
+__all__ = ["CLOSED", "CLOSING", "CONNECTING", "OPEN", "WsConnection", "WsHandler", "serve_ws"]
 
-CONNECTING, OPEN, CLOSING, CLOSED = range(4)
 _ids = itertools.count(1)
 
 
@@ -45,17 +45,23 @@ class WsConnection(asyncio.Protocol):
                  connections: set[WsConnection] | None = None, open_timeout: float = 10.0) -> None:
         self.id = next(_ids)
         self.handler = handler
-        self.state = CONNECTING
-        self.close_rcvd: int | None = None  # the close code the peer sent, if it sent one
+        self.ws = WsState(max_size, client=False)
         self.close_timeout = close_timeout
         self.transport: asyncio.Transport | None = None
-        self._reader = FrameReader(max_size, masked=True)
-        self._head = b""
-        self._failed = False
         self._closer: asyncio.TimerHandle | None = None
         self.open_timeout = open_timeout
         self._connections = connections
         self.data: Any = None  # the handler's per-connection state
+
+    @property
+    def state(self) -> int:
+        return self.ws.state
+
+    @property
+    def close_rcvd(self) -> int | None:
+        """The close code the peer sent (1005: a close frame without one), if it sent one."""
+        rcvd = self.ws.rcvd
+        return None if rcvd is None else rcvd.code
 
     # ------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: Any) -> None:
@@ -66,61 +72,31 @@ class WsConnection(asyncio.Protocol):
         self._closer = asyncio.get_running_loop().call_later(self.open_timeout, self._open_expired)
 
     def _open_expired(self) -> None:
-        if self.state == CONNECTING:
+        if self.ws.state == CONNECTING:
             self.abort()
 
     def data_received(self, data: bytes) -> None:
-        if self.state == CONNECTING:
-            data = self._handshake(data)
+        ws = self.ws
+        if ws.state == CONNECTING:
+            data = self._upgrade(data)
             if not data:
                 return
-        if self.state == CLOSED or self._failed:
-            return  # after a protocol error everything the peer sends is discarded
-        reader = self._reader
-        if self.state == OPEN:
-            payload = reader.whole(data)  # one whole frame (an action, most often): no parser state
-            if payload is not None:
-                self.handler.ws_message(self, payload)
+        message = ws.receive(data)  # the hot path: one whole frame (an action, most often)
+        if ws.out:  # pongs, a close echoed or failed, the end of TCP
+            self._flush()
+        while message is not None:
+            self.handler.ws_message(self, message)
+            if not ws.pending:
                 return
-        reader.feed(data)
-        try:
-            while True:
-                message = reader.next()
-                if message is None:
-                    return
-                opcode, payload = message
-                if opcode == OP_BINARY or opcode == OP_TEXT:
-                    if self.state == OPEN:
-                        self.handler.ws_message(self, payload)
-                elif opcode == OP_PING:
-                    if self.state == OPEN:
-                        self.transport.write(frame_header(OP_PONG, len(payload)) + payload)  # type: ignore[union-attr]
-                elif opcode == OP_CLOSE:
-                    self._close_received(payload)  # type: ignore[arg-type]
-                    return
-                if self.state == CLOSED:
-                    return
-        except ProtocolError as exc:
-            self._fail_protocol(exc)
-
-    def _fail_protocol(self, exc: ProtocolError) -> None:
-        """Fail the connection (RFC 6455 §7.1.7): a close frame with the code, then end our side of
-        TCP while the peer's remaining bytes (a frame over the size limit, say) are read and dropped."""
-        self._failed = True
-        if self.state == OPEN:
-            self.close(exc.code, exc.reason)
-        try:
-            if self.transport is not None and self.transport.can_write_eof():
-                self.transport.write_eof()
-        except (OSError, RuntimeError):
-            self.abort()
+            message = ws.next()  # the next frame only now: the handler may have closed meanwhile
+            if ws.out:
+                self._flush()
 
     def eof_received(self) -> bool | None:
         return None  # asyncio closes the transport; connection_lost follows
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        was_open = self.state in (OPEN, CLOSING)
-        self.state = CLOSED
+        was_open = self.ws.lost()
         if self._closer is not None:
             self._closer.cancel()
             self._closer = None
@@ -132,76 +108,78 @@ class WsConnection(asyncio.Protocol):
     # -------------------------------------------------------------------- sending
     def send(self, data: bytes | str) -> None:
         """Write one message now (binary for ``bytes``, text for ``str``); nothing once closing."""
-        if self.state != OPEN:
+        ws = self.ws
+        if ws.state != OPEN:
             return
         if isinstance(data, str):
             payload, opcode = data.encode(), OP_TEXT
         else:
             payload, opcode = data, OP_BINARY
-        transport = self.transport
         if len(payload) < 4096:
-            transport.write(frame_header(opcode, len(payload)) + payload)  # type: ignore[union-attr]
-        else:  # no copy of a large payload to prepend the header
+            self.transport.write(ws.frame(payload, opcode))  # type: ignore[union-attr]
+        else:  # a server's frames are not masked: no copy of a large payload to prepend the header
+            transport = self.transport
             transport.writelines((frame_header(opcode, len(payload)), payload))  # type: ignore[union-attr]
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Start the closing handshake; the transport closes when the peer answers (or after
         ``close_timeout``)."""
-        if self.state == CONNECTING:
+        if self.ws.state == CONNECTING:
             self.abort()
             return
-        if self.state != OPEN:
-            return
-        self.state = CLOSING
-        self.transport.write(encode_frame(OP_CLOSE, close_payload(code, reason)))  # type: ignore[union-attr]
-        loop = asyncio.get_running_loop()
-        self._closer = loop.call_later(self.close_timeout, self.abort)
+        if self.ws.close(code, reason):
+            self._flush()
+            self._arm_closer()
 
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
 
     # -------------------------------------------------------------------- internals
-    def _close_received(self, payload: bytes) -> None:
-        try:
-            code, _ = parse_close(payload)
-        except ProtocolError as exc:
-            self._fail_protocol(exc)
-            return
-        self.close_rcvd = code
-        if self.state == OPEN:  # echo the peer's close, then the server closes TCP (RFC 6455 §7.1.1)
-            self.state = CLOSING
-            self.transport.write(encode_frame(OP_CLOSE, payload[:2]))  # type: ignore[union-attr]
-        self.transport.close()  # type: ignore[union-attr]
+    def _flush(self) -> None:
+        """Write what the state machine queued; end TCP where it says so."""
+        ws = self.ws
+        data = ws.take()
+        if data:
+            self.transport.write(data)  # type: ignore[union-attr]
+        if ws.eof:
+            self._end()
 
-    def _handshake(self, data: bytes) -> bytes:
-        """Buffer the upgrade request, answer it; returns the bytes that follow it (frames)."""
-        head = self._head + data
-        end = head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(head) > MAX_HEAD:
-                self._refuse(HandshakeError(431, f"upgrade request over {MAX_HEAD} bytes"))
-            else:
-                self._head = head
-            return b""
-        self._head = b""
+    def _end(self) -> None:
+        """The server ends TCP (RFC 6455 §7.1.1): at once after the closing handshake or a refused
+        upgrade; after a protocol error by EOF only, the peer's remaining bytes (a frame over the
+        size limit, say) read and dropped until it closes, or ``close_timeout`` runs out."""
+        transport = self.transport
+        if not self.ws.failed:
+            transport.close()  # type: ignore[union-attr]
+            return
+        self._arm_closer()
         try:
-            _, _, accept = parse_request(head[:end])
-        except HandshakeError as exc:
-            self._refuse(exc)
+            if transport.can_write_eof():  # type: ignore[union-attr]
+                transport.write_eof()  # type: ignore[union-attr]
+        except (OSError, RuntimeError):
+            self.abort()
+
+    def _arm_closer(self) -> None:
+        if self._closer is None:
+            self._closer = asyncio.get_running_loop().call_later(self.close_timeout, self.abort)
+
+    def _upgrade(self, data: bytes) -> bytes:
+        """The upgrade request, answered once complete; returns the bytes that follow it (frames)."""
+        ws = self.ws
+        try:
+            rest = ws.receive_head(data)
+        except HandshakeError:
+            self._flush()  # the refusal, then the end of the connection
             return b""
-        self.transport.write(switching_protocols(accept))  # type: ignore[union-attr]
-        self.state = OPEN
+        if rest is None:
+            return b""
+        self._flush()  # the 101
         if self._closer is not None:
             self._closer.cancel()
             self._closer = None
         self.handler.ws_open(self)
-        return head[end + 4:]
-
-    def _refuse(self, error: HandshakeError) -> None:
-        self.state = CLOSED
-        self.transport.write(http_error(error))  # type: ignore[union-attr]
-        self.transport.close()  # type: ignore[union-attr]
+        return rest
 
 
 class WsServer:

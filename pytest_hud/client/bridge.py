@@ -228,7 +228,7 @@ def _unreachable(where: str, exc: BaseException) -> str:
 
 
 class SlotClient:
-    """Blocking WebSocket client for one claimed slot (no background thread: see :mod:`.wsconn`).
+    """Blocking WebSocket client for one claimed slot (no background thread: :mod:`pytest_hud.wire.wsclient`).
 
     ``recv_timeout`` bounds every wait for an observation (peers may hold a tick while their model
     warms up, so it defaults to the bridge's first-action timeout plus a margin).

@@ -22,6 +22,8 @@ import os
 import random
 import struct
 
+from websockets.frames import Close
+
 try:  # websockets' C helper: XOR with a 4-byte key at memory speed
     from websockets.speedups import apply_mask as _apply_mask
 except ImportError:  # pragma: no cover - websockets built without its extension
@@ -66,13 +68,17 @@ class ProtocolError(Exception):
 
 
 class HandshakeError(Exception):
-    """An opening handshake that cannot succeed; ``status`` is the HTTP status to answer with."""
+    """An opening handshake that cannot succeed: ``status`` is the HTTP status a server answers
+    with; a client's is the status of the server's answer (0: not a valid answer), with ``body``
+    the bytes that followed that answer's head."""
 
-    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None,
+                 body: bytes = b"") -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
         self.headers = headers or {}
+        self.body = body
 
 
 # --------------------------------------------------------------------- frames
@@ -135,7 +141,8 @@ class FrameReader:
     """Incremental frame parser: :meth:`feed` bytes, then :meth:`next` until it returns ``None``.
 
     ``next`` returns ``(opcode, payload)``: a whole data message (``OP_TEXT`` payloads decoded to
-    ``str``, fragments joined) or one control frame. ``masked`` says whether frames must be masked
+    ``str``, fragments joined) or one control frame (a close frame's payload parsed and checked:
+    a websockets ``Close``, code 1005 when it carried none). ``masked`` says whether frames must be masked
     (a server reading a client) or must not be (a client reading a server). Raises
     :class:`ProtocolError` for anything RFC 6455 forbids and for messages over ``max_size``.
     """
@@ -193,7 +200,7 @@ class FrameReader:
         self._pos, self._more, self._more_len = 0, [], 0
         return True
 
-    def next(self) -> tuple[int, bytes | str] | None:
+    def next(self) -> tuple[int, bytes | str | Close] | None:
         while True:
             frame = self._frame()
             if frame is None:
@@ -201,7 +208,7 @@ class FrameReader:
             fin, opcode, payload = frame
             if opcode in _CONTROL:
                 if opcode == OP_CLOSE:
-                    parse_close(payload)  # validates; the caller parses it again for the code
+                    return opcode, Close(*parse_close(payload))
                 return opcode, payload
             if opcode == OP_CONT:
                 if not self._parts:

@@ -1,9 +1,11 @@
-"""A blocking WebSocket client connection with no background thread, on :mod:`pytest_hud.wire.websocket`.
+"""A blocking WebSocket client connection with no background thread, on :mod:`pytest_hud.wire.wsstate`.
 
 websockets' own sync client hands every message from a receiving thread to the caller, which costs
 a thread switch (and GIL contention) per observation. An episode is strictly request/response, so
 this connection reads and writes the socket from the calling thread: send an action, read until
-the next message, done. Framing is :mod:`.wsproto`'s straight-line code; errors are websockets'
+the next message, done. The connection's state machine (frames, pings, the closing handshake,
+protocol errors) is :class:`~pytest_hud.wire.wsstate.WsState`, the one the bridge's server runs
+too, on :mod:`.websocket`'s straight-line framing; this module is its I/O. Errors are websockets'
 exception types (``ConnectionClosed``, ``InvalidStatus``, ``InvalidHandshake``, ``InvalidURI``), so
 callers read them as they would from websockets.
 """
@@ -19,34 +21,29 @@ from urllib.parse import urlsplit
 
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.frames import Close
 from websockets.http11 import Response
 
-from pytest_hud.wire.websocket import (
-    MAX_HEAD, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, FrameReader, HandshakeError, ProtocolError,
-    client_request, close_payload, encode_frame, parse_close, parse_response,
-)
+from pytest_hud.wire.websocket import HandshakeError
+from pytest_hud.wire.wsstate import CLOSED, OPEN, WsState
 
 __all__ = ["BlockingWebSocket"]
-
-_OPEN, _CLOSING, _CLOSED = range(3)
-
 
 #: The most one read takes from the socket (a larger frame takes several reads).
 _READ_SIZE = 262144
 
+
 class BlockingWebSocket:
-    """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP or Unix socket."""
+    """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP or Unix socket.
+
+    The WebSocket itself is a client :class:`~pytest_hud.wire.wsstate.WsState` (the state machine
+    the bridge's server runs too); this class is its I/O: the socket, its timeouts, the blocking
+    reads, and websockets' exception types."""
 
     def __init__(self, url: str, max_size: int, open_timeout: float = 30.0,
                  headers: Mapping[str, str] | None = None, sock: socket.socket | None = None) -> None:
         host, port, path = _parse_url(url)
-        self._reader = FrameReader(max_size, masked=False)
-        self._messages: deque[bytes | str] = deque()
-        self._rcvd: Close | None = None  # the close frame the server sent
-        self._sent: Close | None = None  # the close frame this side sent
-        self._rcvd_first = False  # whether the server's close came before ours
-        self._state = _OPEN
+        self._ws = WsState(max_size, client=True)
+        self._messages: deque[bytes | str] = deque()  # read with the one recv() returned, not yet asked for
         deadline = time.monotonic() + open_timeout
         # ``sock``: a connection to the server's Unix socket (:func:`unix_connection`), else TCP
         self._sock = sock
@@ -72,25 +69,26 @@ class BlockingWebSocket:
             raise
 
     def _handshake(self, host: str, port: int, path: str, headers: dict[str, str], deadline: float) -> None:
-        request, accept = client_request(host, port, path, headers)
-        self._write(request)
-        head = b""
-        while (end := head.find(b"\r\n\r\n")) < 0:
-            if len(head) > MAX_HEAD:
-                raise InvalidHandshake(f"the server's answer to the upgrade is over {MAX_HEAD} bytes")
+        ws = self._ws
+        ws.request(host, port, path, headers)
+        self._write(ws.take())
+        rest = None
+        while rest is None:
             data = self._read_some(deadline - time.monotonic())
             if not data:
                 raise InvalidHandshake("the server closed the connection during the WebSocket handshake")
-            head += data
-        try:
-            status, reason, fields = parse_response(head[:end], accept)
-        except HandshakeError as exc:
-            raise InvalidHandshake(str(exc)) from None
-        if status != 101:
-            raise InvalidStatus(Response(status, reason, Headers(fields), head[end + 4:]))
-        rest = head[end + 4:]
-        if rest:
-            self._frames(rest)
+            try:
+                rest = ws.receive_head(data)
+            except HandshakeError as exc:
+                if exc.status:  # a refusal: the server's HTTP answer
+                    response = Response(exc.status, exc.reason, Headers(exc.headers), exc.body)
+                    raise InvalidStatus(response) from None
+                raise InvalidHandshake(str(exc)) from None
+        if rest:  # frames that came with the answer
+            message = ws.receive(rest)
+            if message is not None:
+                self._messages.append(message)
+            self._more()
 
     # ------------------------------------------------------------------ I/O
     def _write(self, data: bytes) -> None:
@@ -116,101 +114,91 @@ class BlockingWebSocket:
         except (ConnectionResetError, BrokenPipeError, TimeoutError):  # TimeoutError: ETIMEDOUT, a dead peer
             return b""
 
-    def _frames(self, data: bytes) -> None:
-        reader = self._reader
-        reader.feed(data)
+    def _flush(self) -> None:
+        """Write what the state machine queued (pongs, close frames); a socket that fails is lost."""
         try:
-            while (message := reader.next()) is not None:
-                opcode, payload = message
-                if opcode == OP_BINARY or opcode == OP_TEXT:
-                    if self._state == _OPEN:
-                        self._messages.append(payload)
-                elif opcode == OP_PING:
-                    if self._state == _OPEN:
-                        self._write(encode_frame(OP_PONG, payload, mask=True))  # type: ignore[arg-type]
-                elif opcode == OP_CLOSE:
-                    code, reason = parse_close(payload)  # type: ignore[arg-type]
-                    self._rcvd = Close(code, reason)
-                    self._rcvd_first = self._sent is None
-                    if self._state == _OPEN:  # echo it; the server closes TCP
-                        self._send_close(code if code != 1005 else 1000, "")
-                    self._state = _CLOSING
-                    return
-        except ProtocolError as exc:
-            if self._state == _OPEN:
-                self._send_close(exc.code, exc.reason)
-            self._shut()
+            self._write(self._ws.take())
+        except OSError:  # TimeoutError included: a peer that reads nothing gets no close handshake
+            self._lost()
 
-    def _send_close(self, code: int, reason: str) -> None:
-        self._sent = Close(code, reason)
-        self._state = _CLOSING
-        try:
-            self._write(encode_frame(OP_CLOSE, close_payload(code, reason), mask=True))
-        except OSError:
-            self._shut()
+    def _more(self) -> None:
+        """The rest of what was read, after the message recv() returns: every message in it
+        queued, control frames answered (a close noticed now, so that send() raises)."""
+        ws, messages = self._ws, self._messages
+        while ws.pending:
+            message = ws.next()
+            if message is not None:
+                messages.append(message)
+        if ws.out:
+            self._flush()
 
-    def _shut(self) -> None:
-        self._state = _CLOSED
+    def _lost(self) -> None:
+        self._ws.lost()
         self._sock.close()
 
-    def _closed(self) -> ConnectionClosed:
-        both = self._rcvd is not None and self._sent is not None
-        return ConnectionClosed(self._rcvd, self._sent, self._rcvd_first if both else None)
-
     def recv(self, timeout: float) -> bytes | str:
-        """The next message; raises ``TimeoutError`` or ``ConnectionClosed``."""
+        """The next message; raises ``TimeoutError`` or ``ConnectionClosed`` (at once after a
+        protocol error: no message can follow it)."""
         messages = self._messages
         if messages:
             return messages.popleft()
+        ws = self._ws
         start = time.monotonic()
         wait = timeout  # the same value call after call: SO_RCVTIMEO stays as it is
-        while not messages:
-            if self._state == _CLOSED or self._sock.fileno() < 0:
-                raise self._closed()
+        while True:
+            if ws.state == CLOSED or ws.failed:
+                raise ws.closed()
             try:
                 data = self._read_some(wait)
             except TimeoutError:
                 raise
             except OSError:
-                self._shut()
-                raise self._closed() from None
+                self._lost()
+                raise ws.closed() from None
             if not data:
-                self._shut()
+                self._lost()
                 continue
-            if self._state == _OPEN:
-                payload = self._reader.whole(data)  # one whole frame: no parser state to go through
-                if payload is not None:
-                    return payload
-            self._frames(data)
+            message = ws.receive(data)  # the hot path: one whole frame, no parser state
+            if ws.out:
+                self._flush()
+            if message is not None:
+                if ws.pending:
+                    self._more()
+                return message
             wait = timeout - (time.monotonic() - start)  # a message in several reads: what is left
-        return messages.popleft()
 
     def send(self, data: bytes) -> None:
-        if self._state != _OPEN:
-            raise self._closed()
+        ws = self._ws
+        if ws.state != OPEN:
+            raise ws.closed()
         try:
-            self._write(encode_frame(OP_BINARY, data, mask=True))
+            self._write(ws.frame(data))
         except OSError:
-            self._shut()
-            raise self._closed() from None
+            self._lost()
+            raise ws.closed() from None
 
     def close(self) -> None:
+        """Start the closing handshake if nobody has, then read until the server closes TCP
+        (at most 2 s), and close the socket."""
         if self._sock.fileno() < 0:
             return
+        ws = self._ws
         try:
-            if self._state == _OPEN:
-                self._send_close(1000, "")
+            ws.close(1000)
             deadline = time.monotonic() + 2.0
-            while self._state != _CLOSED and self._sock.fileno() >= 0:  # until the server closes TCP
+            while True:
+                if ws.out:
+                    self._write(ws.take())
+                if ws.state == CLOSED:
+                    break
                 data = self._read_some(deadline - time.monotonic())
                 if not data:
                     break
-                self._frames(data)
+                ws.receive(data)  # a close frame recorded, anything else dropped
         except (OSError, TimeoutError, ConnectionClosed):
             pass
         finally:
-            self._state = _CLOSED
-            self._sock.close()
+            self._lost()
 
 
 _SEND_TIMEOUT = 30.0

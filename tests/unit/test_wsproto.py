@@ -1,7 +1,10 @@
-"""The lean WebSocket layer (pytest_hud.wire.websocket, .sim.wsserver, .wsconn) against RFC 6455 and websockets.
+"""The lean WebSocket layer against RFC 6455 and websockets: pytest_hud.wire.websocket (frames),
+.wire.wsstate (the one connection state machine), .bridge.wsserver and .wire.wsclient (its I/O).
 
 websockets is the reference peer: its client talks to our server and its server to our client,
 including what the per-step path never does itself (fragments, pings, close codes, refusals).
+The state machine's rules are checked on both roles twice: sans I/O, and through each shell
+against a peer written here byte by byte (so that a shell with rules of its own fails them).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from websockets.sync.client import connect, unix_connect
 from pytest_hud.bridge.wsserver import serve_ws
 from pytest_hud.wire.wsclient import BlockingWebSocket, unix_connection
 from pytest_hud.wire.websocket import (
-    OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_TEXT, FrameReader, HandshakeError, ProtocolError, accept_key,
-    encode_frame, parse_request,
+    OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT, FrameReader, HandshakeError, ProtocolError,
+    accept_key, client_request, close_payload, encode_frame, parse_request, switching_protocols,
 )
+from pytest_hud.wire.wsstate import CLOSED, CLOSING, END, OPEN, WsState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -367,3 +371,290 @@ def test_our_client_raises_invalid_status_with_the_http_status(websockets_server
 def test_our_client_refuses_urls_it_cannot_dial(url):
     with pytest.raises(InvalidURI):
         BlockingWebSocket(url, 1 << 20)
+
+
+# ------------------------------------------- one state machine, both roles (sans I/O)
+ROLES = pytest.mark.parametrize("client", [True, False], ids=["client", "server"])
+
+
+def _open(client: bool, max_size: int = 1 << 20) -> WsState:
+    """A WsState of the role, through its opening handshake with a peer of the other role."""
+    ws, peer = WsState(max_size, client), WsState(max_size, not client)
+    first, second = (ws, peer) if client else (peer, ws)
+    first.request("example", 80, "/")
+    assert second.receive_head(first.take()) == b""
+    assert first.receive_head(second.take()) == b""
+    assert ws.state == OPEN and peer.state == OPEN and not ws.out
+    return ws
+
+
+def _written(ws: WsState) -> list:
+    """The frames ``ws`` queued, read as its peer reads them (masked iff ``ws`` is the client)."""
+    reader = FrameReader(1 << 20, masked=ws.client)
+    reader.feed(ws.take())
+    frames = []
+    while (frame := reader.next()) is not None:
+        frames.append(frame)
+    return frames
+
+
+def _from_peer(ws: WsState, opcode: int, payload: bytes) -> bytes:
+    return encode_frame(opcode, payload, mask=not ws.client)
+
+
+@ROLES
+def test_frames_are_masked_by_role_and_the_peers_must_be_the_other_way(client):
+    ws = _open(client)
+    data = ws.frame(b"step")
+    assert bool(data[1] & 0x80) is client  # RFC 6455 §5.3: a client masks, a server does not
+    assert FrameReader(1 << 20, masked=client).whole(data) == b"step"
+    assert ws.receive(_from_peer(ws, OP_BINARY, b"obs")) == b"obs"
+    assert ws.receive(encode_frame(OP_BINARY, b"obs", mask=client)) is None  # masked the wrong way
+    why = "server frames must not be masked" if client else "client frames must be masked"
+    assert ws.failed and _written(ws) == [(OP_CLOSE, Close(1002, why))]
+
+
+@ROLES
+def test_a_ping_is_answered_with_its_payload_on_both_roles(client):
+    ws = _open(client)
+    got = ws.receive(_from_peer(ws, OP_PING, b"you there?") + _from_peer(ws, OP_BINARY, b"obs"))
+    assert got == b"obs"
+    assert _written(ws) == [(OP_PONG, b"you there?")]
+    ws.close()
+    ws.take()
+    assert ws.receive(_from_peer(ws, OP_PING, b"late")) is None and not ws.out  # not once closing
+
+
+@ROLES
+@pytest.mark.parametrize("rcvd, echo", [
+    (Close(1005, ""), Close(1000, "")),  # a close frame without a code
+    (Close(4001, "bye"), Close(4001, "")),
+    (Close(1001, "going"), Close(1001, "")),
+], ids=["no-code", "4001", "1001"])
+def test_the_peers_close_is_echoed_with_its_code_1000_when_it_sent_none(client, rcvd, echo):
+    """One echo rule for both roles (the server used to echo an empty close as empty, the client
+    as 1000): the peer's code without its reason, 1000 for a close frame that carried none."""
+    ws = _open(client)
+    theirs = b"" if rcvd.code == 1005 else close_payload(rcvd.code, rcvd.reason)
+    assert ws.receive(_from_peer(ws, OP_CLOSE, theirs) + _from_peer(ws, OP_BINARY, b"after")) is None
+    assert ws.state == CLOSING and ws.rcvd == rcvd and ws.sent == echo and ws.rcvd_first
+    assert ws.eof is (not client) and (ws.out[-1] == END) is (not client)  # the server closes TCP first
+    assert _written(ws) == [(OP_CLOSE, echo)]
+    closed = ws.closed()
+    assert (closed.rcvd, closed.sent, closed.rcvd_then_sent) == (rcvd, echo, True)
+    assert ws.receive(_from_peer(ws, OP_BINARY, b"more")) is None and not ws.out  # nothing after it
+    assert ws.lost() and ws.state == CLOSED
+
+
+@ROLES
+def test_a_close_answering_ours_is_not_echoed_and_both_are_kept_in_order(client):
+    ws = _open(client)
+    assert ws.close(4000, "done") and not ws.close(1000)
+    assert _written(ws) == [(OP_CLOSE, Close(4000, "done"))]
+    assert ws.receive(_from_peer(ws, OP_BINARY, b"late data")) is None  # dropped once closing
+    assert ws.receive(_from_peer(ws, OP_CLOSE, close_payload(4000))) is None
+    assert ws.take() == b"" and ws.eof is (not client)
+    closed = ws.closed()
+    assert (closed.rcvd, closed.sent, closed.rcvd_then_sent) == (Close(4000, ""), Close(4000, "done"), False)
+
+
+@ROLES
+@pytest.mark.parametrize("bad, code", [(bytes((0x80 | 0x40 | OP_BINARY, 0)), 1002), ("text", 1007),
+                                       ("oversize", 1009)], ids=["reserved-bit", "utf8", "size"])
+def test_a_protocol_error_fails_the_connection_the_same_way_on_both_roles(client, bad, code):
+    """One failure rule for both roles (the client used to close its socket at once): the close
+    frame with the error's code, nothing the peer sends after read; then, as after any close,
+    the server ends TCP (END) and the client waits for it to."""
+    ws = _open(client, max_size=100)
+    if bad == "text":
+        bad = _from_peer(ws, OP_TEXT, b"\xff")
+    elif bad == "oversize":
+        bad = _from_peer(ws, OP_BINARY, bytes(101))
+    assert ws.receive(_from_peer(ws, OP_BINARY, b"before") + bad) == b"before" and ws.pending
+    assert ws.next() is None
+    assert ws.failed and ws.state == CLOSING and not ws.pending
+    assert ws.sent.code == code and ws.rcvd is None
+    assert ws.eof is (not client) and (ws.out[-1] == END) is (not client)
+    assert [frame[0] for frame in _written(ws)] == [OP_CLOSE]
+    assert ws.receive(_from_peer(ws, OP_BINARY, b"after")) is None and not ws.out  # discarded
+    assert ws.receive(_from_peer(ws, OP_CLOSE, close_payload(1000))) is None and ws.rcvd is None
+    closed = ws.closed()
+    assert closed.sent.code == code and closed.rcvd is None and closed.rcvd_then_sent is None
+
+
+def test_frames_after_a_message_wait_until_the_caller_asks_for_them():
+    """receive() returns the first message; the frames after it are looked at only by next(), so
+    a server's handler acts on one message before the next frame (a close, say) is taken."""
+    ws = _open(False)
+    data = b"".join(_from_peer(ws, op, p) for op, p in
+                    [(OP_BINARY, b"a"), (OP_PING, b"p"), (OP_BINARY, b"b"), (OP_CLOSE, close_payload(1000))])
+    assert ws.receive(data) == b"a" and ws.pending and not ws.out
+    assert ws.next() == b"b" and _written(ws) == [(OP_PONG, b"p")]
+    assert ws.next() is None and not ws.pending and ws.rcvd == Close(1000, "")
+    assert _written(ws) == [(OP_CLOSE, Close(1000, ""))] and ws.eof
+
+
+@pytest.mark.parametrize("client", [True, False], ids=["client", "server"])
+def test_a_handshake_that_cannot_succeed_closes_and_says_why(client):
+    ws = WsState(1 << 20, client)
+    if client:
+        ws.request("example", 80, "/")
+        ws.take()
+        with pytest.raises(HandshakeError) as error:
+            ws.receive_head(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 4\r\n\r\nkey?")
+        assert (error.value.status, error.value.body) == (401, b"key?") and not ws.out
+    else:
+        assert ws.receive_head(b"GET / HTTP/1.1\r\nHost: x\r\n") is None  # not all there yet
+        with pytest.raises(HandshakeError) as error:
+            ws.receive_head(b"\r\n")
+        assert error.value.status == 426 and ws.out[-1] == END and ws.take().startswith(b"HTTP/1.1 426 ")
+    assert ws.state == CLOSED and not ws.lost()
+
+
+# --------------------------------------- one state machine, both roles (through each shell)
+class RawPeer:
+    """One end of a WebSocket written here byte by byte: frames in, frames out, EOF seen."""
+
+    def __init__(self, sock: socket.socket, client: bool, rest: bytes = b"") -> None:
+        self.sock, self.client = sock, client
+        self.reader = FrameReader(1 << 20, masked=not client)  # a server's frames must not be masked
+        self.reader.feed(rest)
+
+    def send(self, opcode: int, payload: bytes, mask: bool | None = None) -> None:
+        self.sock.sendall(encode_frame(opcode, payload, mask=self.client if mask is None else mask))
+
+    def frame(self, timeout: float = 5.0):
+        self.sock.settimeout(timeout)
+        while (frame := self.reader.next()) is None:
+            data = self.sock.recv(65536)
+            assert data, "EOF before a whole frame"
+            self.reader.feed(data)
+        return frame
+
+    def eof(self, timeout: float) -> bool:
+        """Whether the other end ends TCP within ``timeout`` s (anything it sends first is an error)."""
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(65536)
+        except TimeoutError:
+            return False
+        assert data == b"", data
+        return True
+
+
+def _raw_client(url: str) -> RawPeer:
+    port = int(url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(client_request("127.0.0.1", port, "/")[0])
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    answer, rest = head.split(b"\r\n\r\n", 1)
+    assert answer.startswith(b"HTTP/1.1 101 ")
+    peer = RawPeer(sock, client=True, rest=rest)
+    assert peer.frame() == (OP_BINARY, b"hello")  # Echo's greeting, unmasked
+    return peer
+
+
+@pytest.fixture
+def raw_server():
+    """``connect() -> (BlockingWebSocket, RawPeer)``: our client, upgraded by a server written here."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    socks: list[socket.socket] = []
+
+    def connect():
+        box: dict[str, Any] = {}
+
+        def accept():
+            sock, _ = listener.accept()
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += sock.recv(4096)
+            sock.sendall(switching_protocols(parse_request(head.split(b"\r\n\r\n")[0])[2]))
+            box["sock"] = sock
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        ws = BlockingWebSocket(f"ws://127.0.0.1:{listener.getsockname()[1]}", 1 << 20)
+        thread.join(5)
+        socks.append(box["sock"])
+        return ws, RawPeer(box["sock"], client=False)
+
+    yield connect
+    for sock in socks:
+        sock.close()
+    listener.close()
+
+
+def _eventually(check, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_our_server_answers_a_ping_and_echoes_a_codeless_close_with_1000(echo_server):
+    url, handler = echo_server
+    peer = _raw_client(url)
+    peer.send(OP_PING, b"you there?")
+    assert peer.frame() == (OP_PONG, b"you there?")  # unmasked: the peer's reader requires it
+    peer.send(OP_BINARY, b"act")
+    assert peer.frame() == (OP_BINARY, b"act")
+    peer.send(OP_CLOSE, b"")  # a close frame without a code
+    assert peer.frame() == (OP_CLOSE, Close(1000, ""))  # the old server echoed it empty (1005 here)
+    assert peer.eof(5)  # and closed TCP: the server closes first
+    peer.sock.close()
+    assert _eventually(lambda: handler.closed == [1005])
+
+
+def test_our_server_fails_a_protocol_error_with_its_code_then_eof_and_waits_for_the_peer(echo_server):
+    url, handler = echo_server
+    peer = _raw_client(url)
+    peer.send(OP_BINARY, b"not masked", mask=False)
+    assert peer.frame() == (OP_CLOSE, Close(1002, "client frames must be masked"))
+    assert peer.eof(5)  # its side of TCP ended...
+    peer.sock.sendall(encode_frame(OP_BINARY, b"more", mask=True))  # ...while it reads and drops ours
+    time.sleep(0.2)
+    assert handler.closed == []  # the connection lasts until the peer closes (or close_timeout, 2 s)
+    peer.sock.close()
+    assert _eventually(lambda: handler.closed == [None])
+
+
+def test_our_client_answers_a_ping_masked_and_echoes_a_codeless_close_with_1000(raw_server):
+    ws, peer = raw_server()
+    peer.send(OP_PING, b"you there?")
+    peer.send(OP_BINARY, b"obs")
+    assert ws.recv(5) == b"obs"
+    assert peer.frame() == (OP_PONG, b"you there?")  # masked: the peer's reader requires it
+    ws.send(b"act")
+    assert peer.frame() == (OP_BINARY, b"act")
+    peer.send(OP_CLOSE, b"")
+    peer.sock.shutdown(socket.SHUT_WR)  # the server closes TCP
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(5)
+    assert (closed.value.rcvd, closed.value.sent, closed.value.rcvd_then_sent) == \
+        (Close(1005, ""), Close(1000, ""), True)
+    assert peer.frame() == (OP_CLOSE, Close(1000, ""))
+    ws.close()
+
+
+def test_our_client_fails_a_protocol_error_with_its_code_and_waits_for_the_server_to_close(raw_server):
+    ws, peer = raw_server()
+    peer.send(OP_BINARY, b"masked", mask=True)  # a server's frames must not be masked
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(30)
+    assert time.monotonic() - t0 < 5  # at once: no message can follow a protocol error
+    assert closed.value.sent == Close(1002, "server frames must not be masked") and closed.value.rcvd is None
+    assert peer.frame() == (OP_CLOSE, Close(1002, "server frames must not be masked"))
+    assert not peer.eof(0.3)  # the client waits for the server to close TCP (it used to close at once)
+    with pytest.raises(ConnectionClosed):
+        ws.send(b"late")
+    peer.send(OP_CLOSE, close_payload(1002))
+    peer.sock.shutdown(socket.SHUT_WR)
+    t0 = time.monotonic()
+    ws.close()  # reads to the server's EOF, dropping its echo, then closes
+    assert time.monotonic() - t0 < 1.5
+    assert peer.eof(5)
