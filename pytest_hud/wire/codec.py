@@ -1,15 +1,7 @@
 """The openpi/0 wire codec: msgpack with numpy arrays and scalars.
 
-Byte-compatible with openpi-client's ``msgpack_numpy`` and the HUD SDK robot stack, so their
-clients and ours interoperate. An array travels as a map with *bytes* keys::
-
-    {b"__ndarray__": True, b"data": <raw C-order bytes>, b"dtype": "<f4", b"shape": [..]}
-
-and a numpy scalar as ``{b"__npgeneric__": True, b"data": <item>, b"dtype": "<f4"}``.
-
-Object, void and complex dtypes are refused: decoding must never run code (no pickle), and the
-peers we talk to cannot represent them. Decoded arrays are read-only views on the frame's bytes;
-copy before mutating.
+Byte-compatible with openpi-client's ``msgpack_numpy`` and the HUD SDK robot stack; the encoding
+of arrays and scalars, and what is refused, is told in :mod:`pytest_hud.wire.arrays`.
 
 The codec's two halves: :mod:`pytest_hud.wire.arrays` (``packb``, ``unpackb``, ``unpack_map``, the
 errors) and :mod:`pytest_hud.wire.frames` (the per-step frames: ``pack_frame``, ``rows_packer``,
