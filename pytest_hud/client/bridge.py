@@ -109,6 +109,8 @@ class ControlClient:
         try:
             return self._rpc.call(method, timeout=timeout, **params)
         except RpcError as exc:
+            if exc.code is None:  # the connection itself ended: say so when the bridge has exited
+                raise _exited(control_error(exc), _local_pid(self.address)) from None
             raise control_error(exc) from None
 
     def contract(self) -> Contract:
@@ -165,6 +167,8 @@ class AsyncControlClient:
         try:
             return await self._rpc.call(method, timeout=timeout, **params)
         except RpcError as exc:
+            if exc.code is None:  # the connection itself ended: say so when the bridge has exited
+                raise await _aexited(control_error(exc), _local_pid(self.address)) from None
             raise control_error(exc) from None
 
     async def contract(self) -> Contract:
@@ -189,9 +193,16 @@ class AsyncControlClient:
         await self._rpc.close()
 
 
+def _local_pid(address: BridgeAddress) -> int | None:
+    """The bridge's pid when it runs on this host (its control channel on loopback), else None."""
+    if address.node is None and address.host in ("127.0.0.1", "::1", "localhost"):
+        return address.pid
+    return None
+
+
 def _exited(error: BridgeError, pid: int | None) -> BridgeError:
-    """``error`` (a slot connection that closed without an error frame), saying so when the bridge
-    process on this host has exited: the usual cause, and one the frame cannot tell."""
+    """``error`` (a slot or control connection that closed without an error), saying so when the
+    bridge process on this host has exited: the usual cause, and one the connection cannot tell."""
     deadline = time.monotonic() + 0.5  # its sockets close before it is a zombie: give it a moment
     while (verdict := _exit_verdict(error, pid, deadline)) is None:
         time.sleep(0.02)

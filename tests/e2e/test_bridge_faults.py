@@ -168,3 +168,15 @@ def test_a_claim_without_a_seed_gets_a_drawn_seed_that_runs_the_same_episode_aga
     assert all(isinstance(s, int) and 0 <= s <= 999 for s in seeds)
     frames, grade = play(served, None)
     assert grade["seed"] is not None and frames == reference(grade["seed"])[0]
+
+
+def test_a_control_call_to_a_bridge_that_died_says_the_bridge_process_exited(bridge):
+    import os
+    import signal
+
+    address = bridge(FAULTY, 1)
+    with ControlClient(address) as control:
+        claim = control.claim(seed=1, build={})
+        os.kill(address.pid, signal.SIGKILL)
+        with pytest.raises(BridgeError, match=rf"closed the connection.*the bridge process \(pid {address.pid}\) has exited"):
+            control.result(claim.token)
