@@ -129,8 +129,21 @@ def pool_children() -> list[psutil.Process]:
             if "pytest_hud.serving" in " ".join(p.cmdline())]
 
 
-def standbys() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if "pytest_hud.launch.standby" in " ".join(p.cmdline())]
+def standbys(timeout: float = 10.0) -> list[psutil.Process]:
+    """The standby interpreters this process started. A child just forked shows its parent's command
+    line until it execs, so an empty answer is looked at again, up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "pytest_hud.launch.standby" in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def prestarted(pool: SimPool, spec: str) -> psutil.Process:
