@@ -89,7 +89,7 @@ def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str,
                     out = _batch_fields(faults.call(sim.step, *args))
                 else:
                     out = _batch_fields(faults.call(sim.step_slots, *args))
-                conn.send(("ok", (out, sim.observe(), dict(faults), sorted(faults.intact))))
+                conn.send(("called", (out, sim.observe(), dict(faults), sorted(faults.intact))))
             except BaseException:  # noqa: BLE001 - raised in the bridge, which marks itself broken
                 conn.send(("error", traceback.format_exc()))
     finally:
@@ -129,7 +129,7 @@ class _Block:
             raise self._died() from None
         if status == "error":
             raise RuntimeError(f"the env process of {self.slots} raised:\n{value.rstrip()}")
-        if isinstance(value, tuple) and len(value) == 4:  # a reset's or a step's answer
+        if status == "called":  # a reset's or a step's answer, with the slots whose envs raised
             out, obs, local, intact = value
             if faults is not None:
                 faults.add(local, intact, offset=self.start)
