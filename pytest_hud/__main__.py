@@ -136,6 +136,11 @@ def _text_report(results: Results, verdicts: Mapping[str, Any] | None, baseline:
     if baseline is not None:
         lines.append(f"baseline: {baseline.path}" + ("" if baseline.complete else " (incomplete)"))
     lines += summary_lines(results.tasks(), verdicts, width=width)
+    tables = _sensitivity(results)
+    if tables:
+        from pytest_hud.report.sensitivity import sensitivity_lines
+
+        lines += [""] + sensitivity_lines(tables, width=width)
     if verdicts:
         lines.append("")
         for task, verdict in verdicts.items():
@@ -145,6 +150,14 @@ def _text_report(results: Results, verdicts: Mapping[str, Any] | None, baseline:
     if gate is not None:
         lines += [text for text, _ in gate_lines(gate, strict=strict, reasons=False)]
     return lines
+
+
+def _sensitivity(results: Results) -> list[Any]:
+    """The pooled sensitivity tables of the results' robustness axes, from the episodes' records."""
+    from pytest_hud.core.sensitivity import sensitivity_tables
+
+    stored = (results.summary or {}).get("sensitivity") or [{}]  # the run's own alpha, when it wrote tables
+    return sensitivity_tables(results.latest_episodes(), alpha=float(stored[0].get("alpha", 0.05)))
 
 
 def report(args: argparse.Namespace) -> int:
@@ -174,7 +187,8 @@ def report(args: argparse.Namespace) -> int:
 
         summary = results.summary or {}
         if baseline is None:
-            text = summary_markdown(results.tasks(), verdicts, coverage=summary.get("coverage"))
+            text = summary_markdown(results.tasks(), verdicts, coverage=summary.get("coverage"),
+                                    sensitivity=_sensitivity(results))
         else:
             text = comparison_markdown(results.tasks(), baseline.tasks(), verdicts)
         sys.stdout.write(text)

@@ -148,6 +148,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "hud(sim=None, policy=None, max_steps=None, build=None, min_success=None): "
         "per-test pytest-hud settings (closest marker wins)",
     )
+    config.addinivalue_line(
+        "markers",
+        "hud_axis(parameter, reference=None): the parameter's values are robustness levels; the summary "
+        "tests each against the reference level (default: the first value) in a sensitivity table",
+    )
     if hasattr(config, "workerinput"):
         hud = config.workerinput.get("hud")
         if hud and hud.get("pool_port"):

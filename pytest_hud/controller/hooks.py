@@ -139,7 +139,16 @@ class HudController:
         return self.ledger.coverage()
 
     def html_summary(self):
-        return self.tasks(), self.verdict_dicts(), self.coverage()
+        return self.tasks(), self.verdict_dicts(), self.coverage(), self.sensitivity()
+
+    def sensitivity(self) -> list[Any]:
+        """The sensitivity tables of the run's robustness axes (``hud_axis``), pooled and per task;
+        empty for a run without axes. Holm's alpha is the gate's."""
+        from pytest_hud.core.sensitivity import sensitivity_tables
+
+        with self._lock:
+            records = list(self.records.values())
+        return sensitivity_tables(records, alpha=self.ledger.gate_config.alpha, per_task=True)
 
     def verdict_dicts(self) -> dict[str, dict[str, Any]] | None:
         return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}
@@ -334,6 +343,7 @@ class HudController:
                 session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
             add_gate_cases(self.config, self.verdicts, strict=self.settings.strict)
         gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
+        tables = self.sensitivity()
         if self.records or self.ledger.declared or self.ledger.shard is not None:
             # (A shard with no episodes of its own still writes its file: the merge expects it.)
             self._step_summary()
@@ -341,7 +351,8 @@ class HudController:
             if writer is not None:
                 policies, sims = self.ledger.used()
                 writer.summary(self.tasks(), self.coverage(),
-                               dict(self.provenance, policies=policies, sims=self._with_bridges(sims)), gate)
+                               dict(self.provenance, policies=policies, sims=self._with_bridges(sims)), gate,
+                               sensitivity=[t.to_dict() for t in tables])
                 self.baseline_note = settle_baseline(self.writer, self.results_path, self.baseline_path,
                                                      session.exitstatus)
             if self.settings.html:
@@ -349,7 +360,7 @@ class HudController:
 
                 write_standalone_page(self.settings.html, self.tasks(), list(self.records.values()),
                                       verdicts=self.verdict_dicts(), coverage=self.coverage(),
-                                      title="pytest-hud report")
+                                      title="pytest-hud report", sensitivity=tables)
 
     def _with_bridges(self, sims: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each sim with how its bridges ran it (what ``auto`` chose for vectorization and ticks)."""
@@ -398,7 +409,8 @@ class HudController:
             return
         from pytest_hud.report.markdown import summary_markdown
 
-        text = summary_markdown(self.tasks(), self.verdict_dicts(), self.coverage(), title="pytest-hud results")
+        text = summary_markdown(self.tasks(), self.verdict_dicts(), self.coverage(), title="pytest-hud results",
+                                sensitivity=[t for t in self.sensitivity() if t.scope == "pooled"])
         try:
             with open(path, "a", encoding="utf-8") as fh:
                 fh.write(text.rstrip() + "\n\n")
@@ -429,6 +441,8 @@ class HudController:
                       recording=self.recording, baseline=self.settings.baseline,
                       other_failures=self.other_failures, strict=self.settings.strict,
                       baseline_note=self.baseline_note,
+                      sensitivity=[t for t in self.sensitivity() if t.scope == "pooled"
+                                   or self.config.get_verbosity() > 0],
                       notes=list(self.pool.notes) + (
                           self.pool.stepping_notes() if exitstatus != pytest.ExitCode.INTERRUPTED else []))
 

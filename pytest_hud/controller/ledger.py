@@ -79,7 +79,8 @@ class Ledger:
         if ident is None:
             return None
         record = EpisodeRecord(task=ident["task"], episode=ident["episode"], nodeid=nodeid, outcome="error",
-                               seed=ident.get("seed"), error=(message or "worker crashed")[:2000])
+                               seed=ident.get("seed"), error=(message or "worker crashed")[:2000],
+                               axes=dict(ident.get("axes") or {}))
         return record
 
     def is_declared(self, nodeid: str) -> bool:

@@ -162,6 +162,9 @@ class EpisodeRecord:
     #: on the same sim runs it again (:meth:`pytest_hud.client.episode.Episode.definition`)
     claim: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: robustness axes of the episode's test: axis -> {"level", "index", "reference", "task"}
+    #: (:mod:`pytest_hud.core.sensitivity`); empty for tests without ``hud_axis``
+    axes: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return to_builtin(asdict(self))
@@ -389,7 +392,7 @@ class ResultsWriter:
         self._write({"record": "episode", **record.to_dict()})
 
     def summary(self, tasks: Mapping[str, TaskSummary], coverage: Mapping[str, Any],
-                provenance: Mapping[str, Any], gate: Any = None) -> None:
+                provenance: Mapping[str, Any], gate: Any = None, sensitivity: Any = None) -> None:
         self._write({
             "record": "summary",
             "schema": SCHEMA,
@@ -397,6 +400,7 @@ class ResultsWriter:
             "tasks": {t: s.to_dict() for t, s in tasks.items()},
             "coverage": to_builtin(dict(coverage)),
             "gate": to_builtin(gate),
+            **({"sensitivity": to_builtin(sensitivity)} if sensitivity else {}),
             "provenance": to_builtin(dict(provenance)),
         })
 

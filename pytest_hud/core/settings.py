@@ -93,6 +93,9 @@ OPTIONS: dict[str, Option] = {
     "policy_replicas": Option(int, 1, "Policy-server replicas (with --hud-policy-server); workers are spread over them"),
     "lease": Option(float, 10.0, "Seconds a bridge or policy server on a Ray node outlives silence from this run "
                     "(renewed four times as often)"),
+    "axis": Option(str, None, "A test parameter whose values are robustness levels, as NAME or NAME=REFERENCE "
+                              "(the unperturbed level; default: the parameter's first value): the summary gets "
+                              "a sensitivity table per axis (like the hud_axis marker)", repeat=True),
     "shard": Option(str, None, "Run only shard I of N of the suite's episodes (e.g. 2/4); combine the shards' "
                                "results files with: python -m pytest_hud merge"),
 }
@@ -207,6 +210,7 @@ class HudSettings:
     policy_replicas: int = 1
     lease: float = 10.0
     shard: str | None = None  # "I/N"; see pytest_hud.core.shard
+    axis: str | None = None  # "NAME[=REFERENCE],..." (repeatable flag); see the axes property
     # Not options: facts of the run, set by the controller.
     policy_cli: str | None = None  # --hud-policy as given on the command line (beats the marker)
     workers: int = 1
@@ -264,9 +268,23 @@ class HudSettings:
             self.shard_spec  # noqa: B018 - raises SettingsError for a bad I/N
         if self.allow_incomplete_baseline and not self.baseline:
             raise SettingsError("--hud-allow-incomplete-baseline is about --hud-baseline: add --hud-baseline FILE")
+        self.axes  # noqa: B018 - raises SettingsError for an axis without a name
         if self.accept_difference is not None and not self.accepted_differences:
             raise SettingsError("--hud-accept-difference needs a field name: sim, build, max_steps, contract or "
                                 "n_action_steps")
+
+    @property
+    def axes(self) -> dict[str, str | None]:
+        """``--hud-axis`` as axis name -> reference level (None: the parameter's first value)."""
+        out: dict[str, str | None] = {}
+        for part in (self.axis or "").split(","):
+            name, sep, reference = part.strip().partition("=")
+            if not name.strip():
+                if part.strip():
+                    raise SettingsError(f"--hud-axis {part.strip()!r} names no parameter: give NAME or NAME=REFERENCE")
+                continue
+            out[name.strip()] = reference.strip() if sep else None
+        return out
 
     @property
     def accepted_differences(self) -> tuple[str, ...]:

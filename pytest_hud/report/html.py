@@ -163,13 +163,17 @@ def summary_section_html(
     coverage: Mapping[str, Any] | None = None,
     *,
     title: str = "pytest-hud: success rates",
+    sensitivity: list[Any] | None = None,
 ) -> str:
     """A ``<section class="hud-summary">`` with the per-task table, the chart and the gate's verdicts.
 
     ``verdicts``: task → gate verdict (``Verdict``, dict or string); the verdict column and the gate
     list appear only when given. ``coverage``: the plugin's coverage dict (declared, reported,
-    graded, errors, skipped, missing).
+    graded, errors, skipped, missing). ``sensitivity``: the robustness axes' tables
+    (:mod:`pytest_hud.core.sensitivity`), shown under the chart.
     """
+    from pytest_hud.report.sensitivity import sensitivity_html
+
     if verdicts is not None and not verdicts:
         verdicts = None  # an empty gate adds an empty column and nothing else
     parts = [
@@ -179,6 +183,7 @@ def summary_section_html(
         _tasks_table(tasks, verdicts),
         _coverage_html(coverage),
         f'<figure class="hud-figure">{success_rate_chart(tasks, verdicts)}</figure>',
+        sensitivity_html(sensitivity or []),
         _gate_list(tasks, verdicts or {}),
         "</section>",
     ]
@@ -315,6 +320,7 @@ def standalone_page(
     title: str = "pytest-hud report",
     page_dir: str | os.PathLike[str] | None = None,
     self_contained: bool = False,
+    sensitivity: list[Any] | None = None,
 ) -> str:
     """A complete, self-standing HTML page: provenance, the summary section, and every episode.
 
@@ -338,10 +344,15 @@ def standalone_page(
         run, provenance = source.run, source.provenance
     else:
         tasks = dict(source)
+    episodes = list(episodes or [])
+    if sensitivity is None:  # the robustness axes' tables, from the episodes' records
+        from pytest_hud.core.sensitivity import sensitivity_tables
+
+        sensitivity = sensitivity_tables(episodes)
     body = [
         _provenance_html(provenance, run),
-        summary_section_html(tasks, verdicts, coverage, title="Success rates"),
-        episodes_table_html(episodes or [], self_contained=self_contained, page_dir=page_dir),
+        summary_section_html(tasks, verdicts, coverage, title="Success rates", sensitivity=sensitivity),
+        episodes_table_html(episodes, self_contained=self_contained, page_dir=page_dir),
     ]
     return "\n".join([
         "<!DOCTYPE html>",

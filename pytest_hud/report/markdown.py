@@ -115,8 +115,10 @@ def summary_markdown(
     verdicts: Mapping[str, Any] | None = None,
     coverage: Mapping[str, Any] | None = None,
     title: str = "pytest-hud results",
+    sensitivity: list[Any] | None = None,
 ) -> str:
-    """One run as a markdown section: a title, the per-task table, coverage, and the gate's reasons.
+    """One run as a markdown section: a title, the per-task table, coverage, the sensitivity tables
+    (:mod:`pytest_hud.report.sensitivity`, when ``sensitivity`` has any), and the gate's reasons.
 
     Columns: task, n, successes, rate, 95% CI (Wilson, percent), errors, mean return, and verdict
     when ``verdicts`` is given (``-`` for a task the gate did not judge).
@@ -139,6 +141,10 @@ def summary_markdown(
     cov = coverage_text(coverage)
     if cov:
         lines += ["", cov]
+    if sensitivity:
+        from pytest_hud.report.sensitivity import sensitivity_markdown
+
+        lines += ["", sensitivity_markdown(sensitivity).rstrip()]
     lines += _details(verdicts, list(tasks))
     return "\n".join(lines) + "\n"
 

@@ -206,8 +206,9 @@ class HtmlReportHooks:
         tasks: Mapping[str, TaskSummary] = data[0] or {}
         verdicts = data[1] if len(data) > 1 else None
         coverage = data[2] if len(data) > 2 else None
+        sensitivity = data[3] if len(data) > 3 else None
         if tasks or verdicts:
-            postfix.append(summary_section_html(tasks, verdicts, coverage))
+            postfix.append(summary_section_html(tasks, verdicts, coverage, sensitivity=sensitivity))
 
     # -------------------------------------------------------------- videos
     @pytest.hookimpl(tryfirst=True)

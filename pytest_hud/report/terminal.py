@@ -1,4 +1,4 @@
-"""The terminal's pytest-hud summary: the per-task table, coverage, recordings, the gate's verdicts."""
+"""The terminal's pytest-hud summary: the per-task table, coverage, the sensitivity tables, recordings, the gate."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ __all__ = ["write_summary"]
 def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None, coverage: Mapping[str, Any],
                   *, results: str | None = None, recording: Mapping[str, Any] | None = None,
                   baseline: str | None = None, other_failures: int = 0, notes: list[str] | None = None,
-                  strict: bool = False, baseline_note: str | None = None) -> None:
+                  strict: bool = False, baseline_note: str | None = None,
+                  sensitivity: list[Any] | None = None) -> None:
     """Write the summary section with pytest's terminal reporter ``tr``."""
     from pytest_hud.gate import gate_passed
 
@@ -29,6 +30,11 @@ def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None,
         tr.write_line(text, red=True, bold=True)
     else:
         tr.write_line(text, yellow=bool(cov["errors"]))
+    if sensitivity:
+        from pytest_hud.report.sensitivity import sensitivity_lines
+
+        for line in sensitivity_lines(sensitivity):
+            tr.write_line(line, red=line.endswith("WORSE"))
     if results is not None:
         tr.write_line(f"results: {results}")
     for note in notes or ():

@@ -1,20 +1,21 @@
 """The statistics the gate rests on, pure (numpy only; imports nothing else of the project).
 
 Cut by role: :mod:`.binomial` (exact binomial building blocks in log space), :mod:`.rates` (the
-Wilson interval, the exact tests, Holm's procedure), :mod:`.power` (power, minimum detectable drop,
-episodes needed) and :mod:`.sequential` (the anytime-valid sequential test). Every public name of
-the four is importable from here.
+Wilson interval, the exact tests, Holm's procedure), :mod:`.levels` (robustness levels against
+their reference), :mod:`.power` (power, minimum detectable drop, episodes needed) and :mod:`.sequential` (the anytime-valid sequential test). Every public name of
+the five is importable from here.
 """
 
 from .binomial import binom_cdf, binom_logpmf, binom_pmf, binom_sf
+from .levels import PAIRED_MIN_OVERLAP, LevelTest, compare_levels
 from .power import episodes_needed, episodes_needed_for_floor, minimum_detectable_drop, paired_power, unpaired_power
 from .rates import (boschloo_exact_one_sided, fisher_exact_one_sided, holm, holm_adjusted, mcnemar_exact_one_sided,
                     paired_noninferiority_exact, unpaired_noninferiority_exact, wilson_interval)
 from .sequential import Decision, SequentialTest, sequential_decision, sequential_log_evalues
 
 __all__ = [
-    "Decision", "SequentialTest", "binom_cdf", "binom_logpmf", "binom_pmf", "binom_sf", "boschloo_exact_one_sided",
-    "episodes_needed", "episodes_needed_for_floor", "fisher_exact_one_sided", "holm", "holm_adjusted",
+    "PAIRED_MIN_OVERLAP", "Decision", "LevelTest", "SequentialTest", "binom_cdf", "binom_logpmf", "binom_pmf",
+    "binom_sf", "boschloo_exact_one_sided", "compare_levels", "episodes_needed", "episodes_needed_for_floor", "fisher_exact_one_sided", "holm", "holm_adjusted",
     "mcnemar_exact_one_sided", "minimum_detectable_drop", "paired_noninferiority_exact", "paired_power",
     "sequential_decision", "sequential_log_evalues", "unpaired_noninferiority_exact", "unpaired_power",
     "wilson_interval",

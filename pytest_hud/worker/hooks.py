@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pytest_hud.worker.session import HudSession
 
 __all__ = ["EPISODE_FIXTURES", "LazyWorker", "WorkerHooks", "declaration", "is_episode_item",
-           "item_identity", "start_worker"]
+           "item_axes", "item_identity", "start_worker"]
 
 EPISODE_FIXTURES = frozenset({"shared_sim", "robot_agent"})
 DESELECTED_KEY = pytest.StashKey[list]()
@@ -45,6 +45,43 @@ def item_identity(item: pytest.Item) -> dict[str, Any]:
     callspec = getattr(item, "callspec", None)
     return episode_identity(item.nodeid, callspec.params if callspec is not None else None,
                             callspec.id if callspec is not None else None)
+
+
+def item_axes(item: pytest.Item, settings: HudSettings) -> dict[str, dict[str, Any]]:
+    """The robustness axes of a test item: ``hud_axis`` markers (closest wins per axis), then ``--hud-axis``.
+
+    Each axis the item's parameters (``parametrize`` or a parametrized fixture) include becomes
+    ``{"level", "index", "reference", "task"}``: the parameter's value as text, its position in the
+    parameter's list, the reference level (None: the first value), and the task without this axis
+    (what pairs episodes across levels; :mod:`pytest_hud.core.sensitivity`). Raises ``ValueError``
+    when a marker names a parameter the test does not have.
+    """
+    from pytest_hud.core.outcome import episode_identity
+
+    named: dict[str, str | None] = dict(settings.axes)
+    marked: set[str] = set()
+    for mark in reversed(list(item.iter_markers("hud_axis"))):
+        if len(mark.args) != 1 or not isinstance(mark.args[0], str) or set(mark.kwargs) - {"reference"}:
+            raise ValueError(f"{item.nodeid}: write the marker as @pytest.mark.hud_axis(\"PARAMETER\", "
+                             f"reference=\"LEVEL\"), got hud_axis(*{mark.args!r}, **{mark.kwargs!r})")
+        reference = mark.kwargs.get("reference")
+        named[mark.args[0]] = None if reference is None else str(reference)
+        marked.add(mark.args[0])
+    if not named:
+        return {}
+    callspec = getattr(item, "callspec", None)
+    params = dict(callspec.params) if callspec is not None else {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, reference in named.items():
+        if name not in params:
+            if name in marked:
+                raise ValueError(f"{item.nodeid}: hud_axis({name!r}) names no parameter of this test (its parameters:"
+                                 f" {', '.join(sorted(params)) or 'none'}); parametrize {name!r} or fix the marker")
+            continue  # --hud-axis applies to the tests that have the parameter
+        rest = {k: v for k, v in params.items() if k != name}
+        out[name] = {"level": str(params[name]), "index": callspec.indices.get(name), "reference": reference,
+                     "task": episode_identity(item.nodeid, rest)["task"]}
+    return out
 
 
 def note_deselected(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -93,12 +130,20 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     if session.config.option.collectonly:
         return None  # nothing will run: declare nothing, so nothing is written
     declared, served, used, sims = [], set(), set(), {}
+    problems_of_items: list[str] = []
     for item in session.items:
         if is_episode_item(item):
             ident = item_identity(item)
             settings = item_settings(item, hud)
             if settings.min_success is not None:
                 ident["min_success"] = settings.min_success
+            try:
+                axes = item_axes(item, hud.settings)
+            except ValueError as exc:
+                problems_of_items.append(str(exc))
+                axes = {}
+            if axes:
+                ident["axes"] = axes
             declared.append(ident)
             if settings.policy:
                 used.add(settings.policy)
@@ -117,7 +162,7 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     if not declared and not deselected and shard is None:
         return None
     data = {"episodes": declared, "worker": hud.worker, "deselected": deselected}
-    problems = _policy_problems(used, Path(str(session.config.invocation_params.dir)))
+    problems = problems_of_items + _policy_problems(used, Path(str(session.config.invocation_params.dir)))
     if problems:  # the controller makes them a usage error before anything is written
         data["problems"] = problems
     if used:  # the controller hashes them now, once, for every record's identity (run_identity)
@@ -335,6 +380,12 @@ class WorkerHooks:
         contract = next((ep.contract for ep in reversed(episodes) if getattr(ep, "contract", None) is not None), None)
         if contract is not None:  # what the policy saw and sent: part of what defines the task for the gate
             record["contract"] = contract.signature()
+        try:
+            axes = item_axes(item, self.hud.settings)
+        except ValueError:
+            axes = {}  # the declaration reported it as a usage error
+        if axes:
+            record["axes"] = axes
         return with_placement(record, episodes, self.hud.policy_places.get(item_settings(item, self.hud).policy or ""))
 
     @pytest.hookimpl(tryfirst=True)

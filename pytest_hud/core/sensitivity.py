@@ -1,0 +1,164 @@
+"""The sensitivity table: success per level of a robustness axis, each level tested against the reference.
+
+Pure (no pytest, no I/O). An *axis* is a test parameter whose values are perturbation levels
+(``@pytest.mark.hud_axis("perturbation", reference="none")``, or ``--hud-axis perturbation=none``);
+each episode record of such a test carries, under ``axes``, its level, the level's position in the
+parameter's list, the reference level when one was named, and its task *without* the axis (the
+unit that pairs episodes across levels: the same task, the same episode id, another level)::
+
+    {"perturbation": {"level": "obs_noise_0.05", "index": 2, "reference": "none",
+                      "task": "evals/test_meta_world_robustness.py::test_mt10[task=push-v3]"}}
+
+:func:`sensitivity_tables` groups the records by axis: one table per axis pooled over every task
+that has it, and optionally one per task. A row per level: graded episodes, successes, the rate and
+its 95% Wilson interval, errors, the difference from the reference's rate, and the exact one-sided
+test of :func:`pytest_hud.stats.compare_levels` (paired McNemar when the levels ran the same episodes,
+else Boschloo), Holm-adjusted over the table's levels, with a flag for the levels significantly worse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pytest_hud.core.results import EpisodeRecord, to_builtin
+from pytest_hud.stats import compare_levels, wilson_interval
+
+__all__ = ["LevelRow", "SensitivityTable", "sensitivity_tables"]
+
+POOLED = "pooled"
+
+
+@dataclass
+class LevelRow:
+    """One level of an axis: its counts, and its test against the reference (None on the reference row)."""
+
+    level: str
+    is_reference: bool
+    n: int  # graded episodes (passed + failed)
+    successes: int
+    errors: int
+    rate: float | None
+    ci_low: float
+    ci_high: float
+    difference: float | None = None  # this level's rate minus the reference's (negative: worse)
+    test: str | None = None
+    p_value: float | None = None
+    adjusted_p: float | None = None
+    significantly_worse: bool = False
+    n_pairs: int = 0
+
+
+@dataclass
+class SensitivityTable:
+    """One axis's levels, pooled over its tasks (``scope="pooled"``) or for one task (``scope`` = its id)."""
+
+    axis: str
+    reference: str | None
+    scope: str
+    tasks: list[str]
+    alpha: float
+    rows: list[LevelRow] = field(default_factory=list)
+    problem: str | None = None  # why the levels could not be tested (no graded reference episode)
+
+    @property
+    def worse(self) -> list[str]:
+        """The levels significantly worse than the reference (Holm over this table's levels)."""
+        return [r.level for r in self.rows if r.significantly_worse]
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_builtin(dict(asdict(self), worse=self.worse))
+
+
+def _axis_entries(records: Iterable[EpisodeRecord]) -> dict[str, list[tuple[EpisodeRecord, dict[str, Any]]]]:
+    by_axis: dict[str, list[tuple[EpisodeRecord, dict[str, Any]]]] = {}
+    for rec in records:
+        for axis, entry in (getattr(rec, "axes", None) or {}).items():
+            if isinstance(entry, dict) and "level" in entry:
+                by_axis.setdefault(str(axis), []).append((rec, entry))
+    return by_axis
+
+
+def _reference(axis: str, entries: list[tuple[EpisodeRecord, dict[str, Any]]]) -> tuple[str | None, str | None]:
+    """The reference level (named, else the parameter's first value) and a problem, if any."""
+    named = sorted({str(e["reference"]) for _, e in entries if e.get("reference") is not None})
+    if len(named) > 1:
+        return None, (f"axis {axis!r} has several reference levels ({', '.join(map(repr, named))}): give every "
+                      f"test of the axis the same reference, or name the axes apart")
+    if named:
+        return named[0], None
+    first = min(entries, key=lambda pair: (pair[1].get("index") is None, pair[1].get("index") or 0))
+    return str(first[1]["level"]), None
+
+
+def _table(axis: str, reference: str | None, scope: str, entries: list[tuple[EpisodeRecord, dict[str, Any]]],
+           alpha: float, problem: str | None) -> SensitivityTable:
+    order: dict[str, tuple[int, int]] = {}
+    graded: dict[str, dict[tuple[str, str], bool]] = {}
+    errors: dict[str, int] = {}
+    for seen, (rec, entry) in enumerate(entries):
+        level = str(entry["level"])
+        index = entry.get("index")
+        order[level] = min(order.get(level, (1 << 30, seen)), (index if isinstance(index, int) else 1 << 30, seen))
+        graded.setdefault(level, {})
+        errors.setdefault(level, 0)
+        if rec.outcome in ("passed", "failed") and rec.success is not None:
+            graded[level][(str(entry.get("task", rec.task)), str(rec.episode))] = bool(rec.success)
+        elif rec.outcome == "error":
+            errors[level] += 1
+    levels = sorted(order, key=lambda lv: (lv != reference, order[lv]))
+    tasks = sorted({str(e.get("task", r.task)) for r, e in entries})
+    table = SensitivityTable(axis, reference, scope, tasks, alpha, problem=problem)
+    if problem is None and reference not in order:
+        table.problem = (f"the reference level {reference!r} of axis {axis!r} has no episodes"
+                         + ("" if scope == POOLED else f" in {scope}") + ": the levels are not tested")
+    elif problem is None and not graded[reference]:
+        table.problem = f"the reference level {reference!r} of axis {axis!r} has no graded episode: the levels are not tested"
+    tests = {} if table.problem else compare_levels(
+        graded[reference], {lv: graded[lv] for lv in levels if lv != reference}, alpha)
+    ref_outcomes = graded.get(reference or "", {})
+    ref_rate = sum(ref_outcomes.values()) / len(ref_outcomes) if ref_outcomes else None
+    for level in levels:
+        outcomes = graded[level]
+        n, s = len(outcomes), sum(outcomes.values())
+        low, high = wilson_interval(s, n)
+        rate = s / n if n else None
+        row = LevelRow(level, level == reference, n, s, errors[level], rate, low, high)
+        t = tests.get(level)
+        if t is not None:
+            row.difference = None if rate is None or ref_rate is None else rate - ref_rate
+            row.test, row.p_value, row.adjusted_p = t.test, t.p_value, t.adjusted_p
+            row.significantly_worse, row.n_pairs = t.significantly_worse, t.n_pairs
+        table.rows.append(row)
+    return table
+
+
+def sensitivity_tables(records: Iterable[EpisodeRecord], alpha: float = 0.05,
+                       per_task: bool = False) -> list[SensitivityTable]:
+    """One table per axis pooled over its tasks, then (``per_task``) one per task of each axis.
+
+    Records without ``axes`` are ignored, so a run without axes gets no table. A family for Holm is
+    one table: the pooled table and each per-task table are adjusted on their own.
+    """
+    out: list[SensitivityTable] = []
+    for axis, entries in sorted(_axis_entries(records).items()):
+        reference, problem = _reference(axis, entries)
+        out.append(_table(axis, reference, POOLED, entries, alpha, problem))
+        tasks = sorted({str(e.get("task", r.task)) for r, e in entries})
+        if per_task and len(tasks) > 1:
+            for task in tasks:
+                mine = [(r, e) for r, e in entries if str(e.get("task", r.task)) == task]
+                out.append(_table(axis, reference, task, mine, alpha, problem))
+    return out
+
+
+def tables_from_dicts(data: Any) -> list[SensitivityTable]:
+    """Tables read back from a results file's summary (``summary["sensitivity"]``)."""
+    out = []
+    for t in data or ():
+        rows = [LevelRow(**{k: v for k, v in r.items() if k in LevelRow.__dataclass_fields__})
+                for r in t.get("rows", ())]
+        out.append(SensitivityTable(t["axis"], t.get("reference"), t.get("scope", POOLED), list(t.get("tasks", ())),
+                                    float(t.get("alpha", 0.05)), rows, t.get("problem")))
+    return out

@@ -1,0 +1,118 @@
+"""The sensitivity table in every format: terminal lines, a markdown section, an HTML section.
+
+    sensitivity_lines(tables) gives, per axis,
+
+    robustness: perturbation (reference none; pooled over 2 tasks; one-sided exact tests, Holm over 3 levels, alpha 0.05)
+    level                n  succ    rate         95% CI     diff  test       p   p(Holm)
+    ----------------------------------------------------------------------------------------
+    none                20    20  100.0%  [83.9, 100.0]        -  ref
+    obs_noise_0.05      20     6   30.0%   [14.5, 51.9]   -70.0  paired   6.1e-05  0.00018  WORSE
+
+Pure formatting of :class:`~pytest_hud.core.sensitivity.SensitivityTable`: no pytest, no I/O. Rates
+and intervals use the per-task table's helpers (:mod:`pytest_hud.report.table`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from html import escape
+from typing import Any
+
+from pytest_hud.core.sensitivity import POOLED, LevelRow, SensitivityTable
+from pytest_hud.report.table import format_interval, format_rate
+
+__all__ = ["sensitivity_html", "sensitivity_lines", "sensitivity_markdown"]
+
+_COLUMNS = (("n", 5), ("succ", 5), ("rate", 7), ("95% CI", 14), ("diff", 7), ("test", 8), ("p", 8),
+            ("p(Holm)", 8))
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.2g}"
+
+
+def _diff(value: float | None) -> str:
+    return "-" if value is None else f"{100.0 * value:+.1f}"
+
+
+def _test(row: LevelRow) -> str:
+    if row.is_reference:
+        return "ref"
+    return {"paired-mcnemar": "paired", "unpaired-boschloo": "unpaired"}.get(row.test or "", "-")
+
+
+def _cells(row: LevelRow) -> tuple[str, ...]:
+    return (str(row.n), str(row.successes), format_rate(row.rate), format_interval(row.ci_low, row.ci_high, row.n),
+            _diff(row.difference), _test(row), _p(row.p_value), _p(row.adjusted_p))
+
+
+def heading(table: SensitivityTable) -> str:
+    """What the table is: the axis, its reference, its scope and the test family."""
+    tested = sum(1 for r in table.rows if r.p_value is not None)
+    scope = (f"pooled over {len(table.tasks)} task{'s' if len(table.tasks) != 1 else ''}" if table.scope == POOLED
+             else table.scope)
+    return (f"{table.axis} (reference {table.reference}; {scope}; one-sided exact tests, "
+            f"Holm over {tested} level{'s' if tested != 1 else ''}, alpha {table.alpha:g})")
+
+
+def sensitivity_lines(tables: Iterable[SensitivityTable], width: int = 110) -> list[str]:
+    """Each table as plain text: a heading, the column header, a rule, one row per level, the verdict."""
+    lines: list[str] = []
+    for table in tables:
+        level_w = max([len("level")] + [len(r.level) for r in table.rows])
+        level_w = min(level_w, max(12, width - sum(w + 1 for _, w in _COLUMNS) - 7))
+        head = f"{'level':<{level_w}}" + "".join(f" {h:>{w}}" for h, w in _COLUMNS)
+        lines += [f"robustness: {heading(table)}", head, "-" * len(head)]
+        for row in table.rows:
+            label = row.level if len(row.level) <= level_w else "…" + row.level[-(level_w - 1):]
+            text = f"{label:<{level_w}}" + "".join(f" {c:>{w}}" for c, (_, w) in zip(_cells(row), _COLUMNS, strict=True))
+            lines.append((text + ("  WORSE" if row.significantly_worse else "")).rstrip())
+        if table.problem:
+            lines.append(f"robustness: {table.problem}")
+        elif table.worse:
+            lines.append(f"robustness: {table.axis}: significantly worse than {table.reference}: "
+                         + ", ".join(table.worse))
+        else:
+            lines.append(f"robustness: {table.axis}: no level significantly worse than {table.reference}")
+    return lines
+
+
+def _md(value: Any) -> str:
+    return escape(" ".join(str(value).split())).replace("|", "\\|").replace("`", "\\`")
+
+
+def sensitivity_markdown(tables: Iterable[SensitivityTable]) -> str:
+    """The tables as markdown sections (GitHub-flavoured), ``""`` when there are none."""
+    out: list[str] = []
+    for table in tables:
+        out += [f"#### Robustness: {_md(heading(table))}", "",
+                "| Level | n | Successes | Rate | 95% CI | Diff (pts) | Test | p | p (Holm) | |",
+                "|:--|--:|--:|--:|:--:|--:|:--|--:|--:|:--|"]
+        for row in table.rows:
+            c = _cells(row)
+            flag = "❌ worse" if row.significantly_worse else ""
+            out.append(f"| `{_md(row.level)}` | " + " | ".join(c) + f" | {flag} |")
+        if table.problem:
+            out += ["", f"⚠️ {_md(table.problem)}"]
+        out.append("")
+    return "\n".join(out)
+
+
+def sensitivity_html(tables: Iterable[SensitivityTable]) -> str:
+    """The tables as a ``<div class="hud-sensitivity">`` (inside the summary section), ``""`` without any."""
+    parts: list[str] = []
+    heads = ["Level", "n", "Successes", "Rate", "95% CI", "Diff (pts)", "Test", "p", "p (Holm)", ""]
+    for table in tables:
+        parts.append(f"<h3>Robustness: {escape(heading(table))}</h3>")
+        parts.append('<table class="hud-table hud-sensitivity-table"><thead><tr>'
+                     + "".join(f'<th class="hud-task">{h}</th>' if h == "Level" else f"<th>{h}</th>" for h in heads)
+                     + "</tr></thead><tbody>")
+        for row in table.rows:
+            flag = '<td style="color:#c62828;font-weight:bold">worse</td>' if row.significantly_worse else "<td></td>"
+            parts.append(f'<tr data-level="{escape(row.level)}"><td class="hud-task">{escape(row.level)}</td>'
+                         + "".join(f"<td>{escape(c)}</td>" for c in _cells(row)) + flag + "</tr>")
+        parts.append("</tbody></table>")
+        if table.problem:
+            parts.append(f'<p class="hud-note">{escape(table.problem)}</p>')
+    return f'<div class="hud-sensitivity">{"".join(parts)}</div>' if parts else ""

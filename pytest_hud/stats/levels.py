@@ -1,0 +1,114 @@
+"""Levels of one robustness axis against its reference level: exact one-sided tests, Holm-adjusted.
+
+Pure functions on outcomes: no pytest, no I/O, numpy only (through :mod:`.rates`). The sensitivity
+table (:mod:`pytest_hud.core.sensitivity`) is built from :func:`compare_levels`.
+
+A *level* is one value of a perturbation parameter (``obs_noise_0.05``, ``libero_spatial_swap``); the
+*reference* is the unperturbed level. Each level's outcomes are a mapping from an episode key (the
+task without the axis, and the episode id) to success. The question asked of every level is one-sided,
+"is the success rate at this level *lower* than at the reference?", because a robustness table is read
+for degradation; a level that does better is reported with its difference and a p-value near 1.
+
+Which test, and why:
+
+- **Paired, exact McNemar** when the level and the reference ran the same episodes: the episode keys
+  graded at both are at least :data:`PAIRED_MIN_OVERLAP` (80%) of each side's graded episodes. A seed
+  fixes the initial state in seeded sims, so the episodes of two levels that share a seed are paired,
+  and hard initial states fail at every level; conditioning on the discordant pairs removes that
+  seed-to-seed variance and is exact with no nuisance parameter. The unmatched few are dropped.
+- **Unpaired, Boschloo's exact test** otherwise (other seeds per level, many errors): exact, never
+  above its level, and uniformly more powerful than Fisher's exact test, whose p-value it never
+  exceeds (Fisher conditions on the total successes and is conservative at the small n of an eval).
+
+These are the rules of the regression gate (:mod:`pytest_hud.gate.evaluation`, rules 2 and 3), so a
+level and a baseline are judged alike. The choice depends on which episodes were graded, never on
+their outcomes, so it does not bias the test.
+
+**Holm** over the levels of one table (its family: every level other than the reference that has
+graded episodes): a level is *significantly worse* when its Holm-adjusted p-value is at most
+``alpha``. The chance that any level of a table is flagged although none is worse is at most alpha.
+
+    >>> ref = {("t", str(s)): True for s in range(10)}
+    >>> noisy = {("t", str(s)): s < 2 for s in range(10)}        # 8 seeds now fail
+    >>> same = dict(ref)
+    >>> out = compare_levels(ref, {"noise": noisy, "same": same})
+    >>> out["noise"].test, out["noise"].p_value, out["noise"].significantly_worse   # 1 / 2**8
+    ('paired-mcnemar', 0.00390625, True)
+    >>> out["same"].adjusted_p, out["same"].significantly_worse
+    (1.0, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pytest_hud.stats.rates import boschloo_exact_one_sided, holm_adjusted, mcnemar_exact_one_sided
+
+__all__ = ["PAIRED_MIN_OVERLAP", "LevelTest", "compare_levels"]
+
+#: Shared episodes (of each side's graded ones) from which a level is compared paired; the gate's rule.
+PAIRED_MIN_OVERLAP = 0.8
+
+
+@dataclass(frozen=True)
+class LevelTest:
+    """One level against the reference.
+
+    ``drop`` is the reference's rate minus the level's, as the test estimates it (paired: over the
+    shared episodes): positive means worse. ``worse``/``better`` count discordant pairs (paired only).
+    ``p_value`` is None (and the level is outside the Holm family) when either side has no graded episode.
+    """
+
+    level: str
+    test: str  # "paired-mcnemar", "unpaired-boschloo" or "none"
+    paired: bool
+    drop: float | None
+    p_value: float | None
+    adjusted_p: float | None
+    significantly_worse: bool
+    n_pairs: int = 0
+    worse: int = 0
+    better: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool]) -> LevelTest:
+    if not ref or not cur:
+        return LevelTest(level, "none", False, None, None, None, False)
+    shared = set(ref) & set(cur)
+    if shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(ref), len(cur)):
+        worse = sum(1 for k in shared if ref[k] and not cur[k])
+        better = sum(1 for k in shared if cur[k] and not ref[k])
+        return LevelTest(level, "paired-mcnemar", True, (worse - better) / len(shared),
+                         mcnemar_exact_one_sided(worse, better), None, False, len(shared), worse, better)
+    s_ref, s_cur = sum(map(bool, ref.values())), sum(map(bool, cur.values()))
+    p = boschloo_exact_one_sided(s_cur, len(cur), s_ref, len(ref))
+    return LevelTest(level, "unpaired-boschloo", False, s_ref / len(ref) - s_cur / len(cur), p, None, False)
+
+
+def compare_levels(reference: Mapping[Hashable, bool], levels: Mapping[str, Mapping[Hashable, bool]],
+                   alpha: float = 0.05) -> dict[str, LevelTest]:
+    """Each level of ``levels`` against ``reference``, Holm-adjusted over the levels that were tested.
+
+    ``reference`` and each level map an episode key to success (graded episodes only: errors and
+    skips are left out by the caller). Returns a :class:`LevelTest` per level, in the given order.
+
+        >>> compare_levels({"a": True}, {"x": {}})["x"].test
+        'none'
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha={alpha} must be strictly between 0 and 1")
+    tests = {name: _one(name, reference, outcomes) for name, outcomes in levels.items()}
+    adjusted = holm_adjusted({name: t.p_value for name, t in tests.items() if t.p_value is not None})
+    out: dict[str, LevelTest] = {}
+    for name, t in tests.items():
+        if name in adjusted:
+            p = adjusted[name]
+            t = LevelTest(**{**asdict(t), "adjusted_p": p,
+                             "significantly_worse": p <= alpha and (t.drop or 0.0) > 0.0})
+        out[name] = t
+    return out
