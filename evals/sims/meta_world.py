@@ -62,7 +62,18 @@ Factories (bridge targets):
   env the bridge vectorizes (one bridge per task).
 
 Build arguments shared by both: ``pixels`` (False), ``size`` (128), ``camera`` ("corner2"),
-``stop_on_success`` (True), ``max_episode_steps`` (500).
+``stop_on_success`` (True), ``max_episode_steps`` (500), and the **perturbations** of a robustness
+suite (``evals/test_meta_world_robustness.py``), all off by default:
+
+- ``obs_noise`` (0.0): Gaussian noise of this standard deviation (metres, for positions) added to the
+  state observation (a noisy sensor; the policy sees it, the physics does not);
+- ``action_noise`` (0.0): Gaussian noise added to each action before it is clipped (noisy actuation);
+- ``action_delay`` (0): each action reaches the robot this many steps late; until then the robot
+  holds still (zero action) (latency between policy and robot).
+
+The noise of an episode is drawn from its seed (``numpy.random.default_rng([seed, 1])``), so an
+episode stays a function of (task, seed, build): the variation a seed means is unchanged, and the
+same seed meets the same noise at every run, slot and width.
 """
 
 from __future__ import annotations
@@ -239,10 +250,18 @@ class MetaWorldTask(gym.Env):
 
     def __init__(self, task: str = "reach-v3", pixels: bool = False, size: int = 128,
                  camera: str = "corner2", stop_on_success: bool = True,
-                 max_episode_steps: int = MAX_EPISODE_STEPS) -> None:
+                 max_episode_steps: int = MAX_EPISODE_STEPS, obs_noise: float = 0.0,
+                 action_noise: float = 0.0, action_delay: int = 0) -> None:
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS
 
         check_task(task)
+        if not (float(obs_noise) >= 0 and float(action_noise) >= 0 and int(action_delay) >= 0):
+            raise ValueError(f"obs_noise, action_noise and action_delay must be >= 0, got "
+                             f"{obs_noise}, {action_noise}, {action_delay}")
+        self.obs_noise, self.action_noise, self.action_delay = float(obs_noise), float(action_noise), int(action_delay)
+        self._noise = np.random.default_rng([0, 1])
+        self._seed = 0
+        self._pending: list[np.ndarray] = []
         if not 1 <= int(max_episode_steps) <= MAX_EPISODE_STEPS:
             raise ValueError(f"max_episode_steps must be in [1, {MAX_EPISODE_STEPS}], got {max_episode_steps}")
         if pixels and int(size) < 8:
@@ -298,7 +317,10 @@ class MetaWorldTask(gym.Env):
         return np.ascontiguousarray(frame[::-1, ::-1])  # the corner cameras are mounted upside down
 
     def _observation(self, state: np.ndarray) -> dict[str, np.ndarray]:
-        obs = {"state": np.asarray(state, dtype=np.float32)}
+        state = np.asarray(state, dtype=np.float64)
+        if self.obs_noise > 0:
+            state = state + self._noise.normal(0.0, self.obs_noise, state.shape)
+        obs = {"state": state.astype(np.float32)}
         if self.pixels:
             obs["pixels"] = self.render()
         return obs
@@ -307,6 +329,9 @@ class MetaWorldTask(gym.Env):
         super().reset(seed=seed)
         if seed is not None:
             self._variation = variation(self.task, seed)
+            self._seed = int(seed)
+        self._noise = np.random.default_rng([self._seed, 1])  # the episode's noise, from its seed
+        self._pending = []
         self.env.set_task(self._variation)  # freezes the variation: no random task sampling on reset
         state, info = self.env.reset()
         self._steps = 0
@@ -314,7 +339,13 @@ class MetaWorldTask(gym.Env):
         return self._observation(state), info
 
     def step(self, action: np.ndarray):
-        action = np.clip(np.asarray(action, dtype=np.float32).reshape(4), -1.0, 1.0)
+        action = np.asarray(action, dtype=np.float32).reshape(4)
+        if self.action_noise > 0:
+            action = action + self._noise.normal(0.0, self.action_noise, 4).astype(np.float32)
+        if self.action_delay > 0:
+            self._pending.append(action)
+            action = self._pending.pop(0) if len(self._pending) > self.action_delay else np.zeros(4, np.float32)
+        action = np.clip(action, -1.0, 1.0)
         state, reward, _, truncated, info = self.env.step(action)
         self._steps += 1
         success = bool(info.get("success", 0.0))
@@ -338,15 +369,17 @@ class MetaWorldTask(gym.Env):
 
 
 def single_task(task: str = "reach-v3", pixels: bool = False, size: int = 128, camera: str = "corner2",
-                stop_on_success: bool = True, max_episode_steps: int = MAX_EPISODE_STEPS) -> gym.Env:
+                stop_on_success: bool = True, max_episode_steps: int = MAX_EPISODE_STEPS,
+                **perturbations: Any) -> gym.Env:
     """Bridge target for one task (``build={"task": ...}``): the bridge vectorizes ``width`` copies."""
     return MetaWorldTask(task, pixels=pixels, size=size, camera=camera, stop_on_success=stop_on_success,
-                         max_episode_steps=max_episode_steps)
+                         max_episode_steps=max_episode_steps, **perturbations)
 
 
 def meta_world(num_envs: int, tasks: str | list[str] = "MT50", pixels: bool = False, size: int = 128,
                camera: str = "corner2", stop_on_success: bool = True,
-               max_episode_steps: int = MAX_EPISODE_STEPS, cache_size: int | None = None):
+               max_episode_steps: int = MAX_EPISODE_STEPS, cache_size: int | None = None,
+               obs_noise: float = 0.0, action_noise: float = 0.0, action_delay: int = 0):
     """Bridge target: one multi-task bridge of ``num_envs`` slots for ``tasks`` (``"MT10"``, ``"MT50"`` or names).
 
     Each slot caches up to ``cache_size`` envs, one per task it ran recently (default 4 from state,
@@ -367,7 +400,8 @@ def meta_world(num_envs: int, tasks: str | list[str] = "MT50", pixels: bool = Fa
 
     def make_env(task: str) -> MetaWorldTask:
         return MetaWorldTask(task, pixels=pixels, size=size, camera=camera,
-                             stop_on_success=stop_on_success, max_episode_steps=max_episode_steps)
+                             stop_on_success=stop_on_success, max_episode_steps=max_episode_steps,
+                             obs_noise=obs_noise, action_noise=action_noise, action_delay=action_delay)
 
     return MultiTaskSim(num_envs, names, make_env, cache_size=cache_size)
 
