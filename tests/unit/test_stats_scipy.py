@@ -298,3 +298,30 @@ def test_holm_is_closed_testing_with_bonferroni(pvalues: dict[str, float], alpha
     expected = holm_by_closed_testing(pvalues)
     assert holm_adjusted(pvalues) == pytest.approx(expected, rel=1e-12, abs=0)
     assert holm(pvalues, alpha) == {key: expected[key] <= alpha for key in pvalues}
+
+
+# --------------------------------------------------------------------------------------------------
+# robustness levels against their reference (compare_levels): the same tests scipy runs, then Holm
+# --------------------------------------------------------------------------------------------------
+
+
+def test_compare_levels_matches_scipy_paired_and_unpaired_tests_with_holm() -> None:
+    from pytest_hud.stats import compare_levels
+
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        n = int(rng.integers(4, 25))
+        reference = {s: bool(rng.random() < 0.9) for s in range(n)}
+        paired = {s: bool(rng.random() < rng.uniform(0.2, 1.0)) for s in range(n)}
+        unpaired = {1000 + s: bool(rng.random() < 0.5) for s in range(int(rng.integers(3, 20)))}
+        out = compare_levels(reference, {"paired": paired, "unpaired": unpaired})
+        worse = sum(reference[s] and not paired[s] for s in range(n))
+        better = sum(paired[s] and not reference[s] for s in range(n))
+        p_paired = 1.0 if worse == 0 else sp.binomtest(worse, worse + better, 0.5, alternative="greater").pvalue
+        p_unpaired = boschloo_by_scipy(sum(unpaired.values()), len(unpaired), sum(reference.values()), n)
+        assert out["paired"].test == "paired-mcnemar" and out["unpaired"].test == "unpaired-boschloo"
+        assert_close(out["paired"].p_value, p_paired, EXACT, "paired level")
+        assert_close(out["unpaired"].p_value, p_unpaired, MAXIMISED, "unpaired level")
+        low, high = sorted([out["paired"].p_value, out["unpaired"].p_value])
+        holm_low, holm_high = min(1.0, 2 * low), min(1.0, max(2 * low, high))  # Holm by its definition
+        assert sorted([out["paired"].adjusted_p, out["unpaired"].adjusted_p]) == pytest.approx([holm_low, holm_high])
