@@ -198,13 +198,13 @@ def _own_context_class():
         def __del__(self) -> None:
             # freed from a hard reset or the garbage collector, possibly between another env's
             # make-current and its render: free in our context, then give theirs back
-            previous = _current_egl_context()
-            mine = getattr(getattr(self, "gl_ctx", None), "_context", None)
             try:
+                previous = _current_egl_context()
+                mine = getattr(getattr(self, "gl_ctx", None), "_context", None)
                 self.gl_ctx.make_current()
-            except Exception:  # noqa: BLE001 - a context already gone at exit
+                super().__del__()
+            except Exception:  # noqa: BLE001 - a context already gone at interpreter exit
                 return
-            super().__del__()
             if previous is not None and (mine is None or previous.address != mine.address):
                 try:
                     _make_egl_current(previous)
@@ -246,6 +246,20 @@ def own_render_context(env: Any) -> None:
         ctx.__class__ = _OWN_CONTEXT  # the same object, whose GL calls now make it current first
 
 
+_RENDERING: Any = None  # weak set of rendering envs, closed at exit while EGL still works
+
+
+def _close_at_exit(env: LiberoTask) -> None:
+    global _RENDERING
+    if _RENDERING is None:
+        import atexit
+        import weakref
+
+        _RENDERING = weakref.WeakSet()
+        atexit.register(lambda: [e.close() for e in list(_RENDERING)])
+    _RENDERING.add(env)
+
+
 class LiberoTask(gym.Env):
     """One LIBERO task as a gymnasium env whose reset seed is the official init state index.
 
@@ -284,6 +298,8 @@ class LiberoTask(gym.Env):
         else:
             self.env = ControlEnv(bddl_file_name=bddl, has_offscreen_renderer=False, use_camera_obs=False)
         self._fix_context()
+        if self.cameras:
+            _close_at_exit(self)
         features: dict[str, spaces.Space] = {
             "state": spaces.Box(-np.inf, np.inf, shape=(8,), dtype=np.float32),
             "proprio": spaces.Box(-np.inf, np.inf, shape=(39,), dtype=np.float32),
@@ -301,11 +317,23 @@ class LiberoTask(gym.Env):
             own_render_context(self.env)
 
     def _render_cameras(self, on: bool) -> None:
-        """Turn robosuite's camera observables on or off (physics never depends on them)."""
+        """Turn robosuite's camera observables on or off (physics never depends on them).
+
+        A disabled observable's sampling clock stops; turned on, the cameras take the clock of the
+        robot's observables (always on), so they sample at the same sub-step as they would have.
+        """
         if self.cameras:
             observables = self.env.env._observables
+            clock = observables["robot0_joint_pos"]
             for name in CAMERAS:
-                observables[name].set_enabled(on)
+                camera = observables[name]
+                if camera.is_enabled() == on:
+                    continue
+                camera.set_enabled(on)  # which resets its clock
+                if on:
+                    camera._time_since_last_sample = clock._time_since_last_sample
+                    camera._sampled = clock._sampled
+                    camera._current_delay = clock._current_delay
 
     def _observation(self, raw: dict[str, Any]) -> dict[str, np.ndarray]:
         """The policy's observation from robosuite's (the one place observations are assembled)."""
@@ -326,18 +354,20 @@ class LiberoTask(gym.Env):
             if isinstance(seed, bool) or not 0 <= int(seed) <= MAX_SEED:
                 raise ValueError(f"a LIBERO episode seed is an init state index from 0 to {MAX_SEED}, got {seed!r}")
             self._seed = int(seed)
-        self._render_cameras(False)  # only the frame after the settle steps is seen: render only it
+        # Only the last settle step's frames are seen: the reset, the init state and the other settle
+        # steps render nothing (11 of 12 renders saved; physics never reads a frame).
+        self._render_cameras(False)
         try:
             self.env.seed(ENV_SEED)
             self.env.reset()  # a hard reset: a new MuJoCo model, and a new render context
             self._fix_context()
             raw = self.env.set_init_state(self._init_states[self._seed])
-            for _ in range(SETTLE_STEPS):
+            for k in range(SETTLE_STEPS):
+                if k == SETTLE_STEPS - 1:
+                    self._render_cameras(True)
                 raw, _, _, _ = self.env.step(list(SETTLE_ACTION))
         finally:
             self._render_cameras(True)
-        if self.cameras:
-            raw = self.env.env._get_observations(force_update=True)  # the same state, now with its frames
         self._steps = 0
         info = {"success": False, "is_success": False, "task": self.task, "init_state": self._seed,
                 "instruction": self.instruction}
