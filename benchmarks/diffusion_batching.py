@@ -1,4 +1,4 @@
-"""What the policy server's batching buys a Diffusion Policy: one batched denoising loop vs one model per worker.
+"""What the policy server's batching buys a Diffusion Policy: one batched denoising loop vs a copy per worker.
 
     python benchmarks/diffusion_batching.py [--clients 1 8 32] [--episodes 4] [--device cuda]
 
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-from serving import policy_server_stats, start_policy_server  # noqa: E402
+from serving import policy_server_stats, start_policy_server
 
 CHECKPOINT = ROOT / "evals" / "checkpoints" / "reach_diffusion" / "final"
 
@@ -90,28 +90,32 @@ def per_worker(k: int, args: argparse.Namespace) -> tuple[float, list[float], in
     return wall, [t for times, _ in gathered for t in times], sum(c for _, c in gathered)
 
 
-def served(k: int, url: str, args: argparse.Namespace) -> tuple[float, list[float], int]:
-    """(wall seconds, episode times, chunks) with K client threads on one server."""
+def served(k: int, url: str, args: argparse.Namespace) -> tuple[float, list[float], int, dict]:
+    """(wall seconds, episode times, chunks, server /stats at the start) with K client threads on one
+    server (the warm-up episodes come before those stats)."""
     from pytest_hud.agent.remote import RemotePolicy
 
-    barrier = threading.Barrier(k + 1)
+    ready, go = threading.Barrier(k + 1), threading.Barrier(k + 1)
     out: list = [None] * k
 
     def client(i: int) -> None:
         with RemotePolicy(url, timeout=600) as policy:
             run_episodes(policy, i + 500, 1)  # connect + warm-up
-            barrier.wait()
+            ready.wait()
+            go.wait()
             out[i] = run_episodes(policy, i, args.episodes)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(k)]
     for thread in threads:
         thread.start()
-    barrier.wait(timeout=600)
+    ready.wait(timeout=600)
+    before = policy_server_stats(url)  # every warm-up answered, no timed request sent yet
+    go.wait(timeout=60)
     tick = time.perf_counter()
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - tick
-    return wall, [t for times, _ in out for t in times], sum(c for _, c in out)
+    return wall, [t for times, _ in out for t in times], sum(c for _, c in out), before
 
 
 def main() -> None:
@@ -129,8 +133,9 @@ def main() -> None:
     import json
 
     steps = json.loads((args.checkpoint / "config.json").read_text())["num_inference_steps"]
-    print(f"diffusion checkpoint {args.checkpoint.name}: {steps} denoising steps per chunk; device {args.device}, "
-          f"{args.threads} torch thread(s) per process, {args.episodes} episodes per client")
+    print(f"diffusion checkpoint {args.checkpoint.name}: {steps} denoising steps per chunk; "
+          f"device {args.device}, {args.threads} torch thread(s) per process, "
+          f"{args.episodes} episodes per client")
     header = f"{'K':>3} {'mode':<22} {'chunks/s':>9} {'unet/s':>8} {'s/episode':>10} {'batch':>6}"
     print(header + "\n" + "-" * len(header))
     with tempfile.TemporaryDirectory() as workdir:
@@ -143,12 +148,12 @@ def main() -> None:
                     wall, times, chunks = per_worker(k, args)
                     rows["one copy per worker"] = (chunks / wall, chunks * steps / wall,
                                                    sum(times) / len(times), 1.0)
-                before = policy_server_stats(url)
-                wall, times, chunks = served(k, url, args)
+                wall, times, chunks, before = served(k, url, args)
                 after = policy_server_stats(url)
                 forwards = after["forwards"] - before["forwards"]
                 batch = (after["requests"] - before["requests"]) / max(1, forwards)
-                rows["policy server"] = (chunks / wall, forwards * steps / wall, sum(times) / len(times), batch)
+                rows["policy server"] = (chunks / wall, forwards * steps / wall,
+                                         sum(times) / len(times), batch)
                 for mode, (rate, unet, episode, mean_batch) in rows.items():
                     print(f"{k:>3} {mode:<22} {rate:9.1f} {unet:8.0f} {episode:10.3f} {mean_batch:6.2f}")
                 if len(rows) == 2:

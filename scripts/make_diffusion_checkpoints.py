@@ -41,8 +41,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lerobot_training import save_checkpoint, train  # noqa: E402
-from make_lerobot_checkpoints import REPO_ID, record_demonstrations  # noqa: E402 - the same data
+from lerobot_training import save_checkpoint, train
+from make_lerobot_checkpoints import REPO_ID, record_demonstrations
 
 DEFAULT_OUT = REPO / "evals" / "checkpoints" / "reach_diffusion"
 PROVENANCE_FILE = "provenance.json"
@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=50, help="Seeded rollouts per variant")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (fixed for reproducibility; 2 threads on a busy 2-core machine ran 30x slower)")
+                        help="torch CPU threads (fixed for reproducibility; 2 threads on a busy 2-core "
+                             "machine ran 30x slower)")
     return parser.parse_args(argv)
 
 

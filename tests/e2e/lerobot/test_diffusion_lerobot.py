@@ -24,11 +24,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Not just "lerobot": with tests/ on sys.path this very folder imports as a namespace package.
 pytest.importorskip("lerobot.policies", reason="LeRobot is not installed: pip install 'pytest-hud[lerobot]'")
 if importlib.util.find_spec("diffusers") is None:
-    pytest.skip("diffusers is not installed (LeRobot's Diffusion Policy needs it): pip install 'lerobot[diffusion]'",
-                allow_module_level=True)
+    pytest.skip("diffusers is not installed (LeRobot's Diffusion Policy needs it): "
+                "pip install 'lerobot[diffusion]'", allow_module_level=True)
 
-from pytest_hud.agent.lerobot import LeRobotPolicy  # noqa: E402
-from pytest_hud.core.results import load_results  # noqa: E402
+from pytest_hud.agent.lerobot import LeRobotPolicy
+from pytest_hud.core.results import load_results
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -42,8 +42,9 @@ EPISODES = 24  # the baseline's seeds: the gate pairs episodes by seed
 def run_suite(*args: str, episodes: int = EPISODES) -> subprocess.CompletedProcess:
     env = dict(os.environ, REACH_DIFFUSION_EPISODES=str(episodes), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "pytest", SUITE, "-p", "no:cacheprovider", "-q", "-n", "2",
-                           "--hud-width=2", *args], cwd=REPO, env=env, capture_output=True, text=True,
+    command = [sys.executable, "-m", "pytest", SUITE, "-p", "no:cacheprovider", "-q", "-n", "2",
+               "--hud-width=2", *args]
+    return subprocess.run(command, check=False, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=540)
 
 
@@ -82,16 +83,17 @@ def test_in_workers_and_behind_the_server_the_episodes_are_the_same_recorded_and
     assert f"gate against {BASELINE}: PASSED (" in local.stdout, local.stdout[-3000:] + local.stderr[-3000:]
     served = run_suite("--hud-policy-server", f"--hud-results={tmp_path / 'served.jsonl'}",
                        f"--hud-baseline={BASELINE}")
-    assert f"gate against {BASELINE}: PASSED (" in served.stdout, served.stdout[-3000:] + served.stderr[-3000:]
+    assert f"gate against {BASELINE}: PASSED (" in served.stdout, (served.stdout[-3000:]
+                                                                   + served.stderr[-3000:])
 
     a = {e.episode: e for e in load_results(tmp_path / "local.jsonl").episodes}
     b = {e.episode: e for e in load_results(tmp_path / "served.jsonl").episodes}
     assert len(a) == EPISODES and a.keys() == b.keys()
     # Same episodes: a batched denoising loop differs from a lone one in the last float bits only.
     assert {k: (e.steps, e.success) for k, e in a.items()} == {k: (e.steps, e.success) for k, e in b.items()}
-    for k in a:
-        assert a[k].total_reward == pytest.approx(b[k].total_reward, abs=1e-4)
-    assert sum(e.success for e in a.values()) >= EPISODES * 3 // 4, "the shipped checkpoint should mostly succeed"
+    for k, episode in a.items():
+        assert episode.total_reward == pytest.approx(b[k].total_reward, abs=1e-4)
+    assert sum(e.success for e in a.values()) >= EPISODES * 3 // 4, "the shipped checkpoint mostly succeeds"
 
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
