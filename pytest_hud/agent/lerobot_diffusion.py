@@ -11,7 +11,7 @@ is the current observation alone: :func:`diffusion_chunk` builds the ``[B, 1, ..
 The denoising starts from a fixed initial noise (:data:`NOISE_SEED`, the same for every row and
 every call) and LeRobot's DDIM step adds no noise of its own, so a DDIM diffusion policy is a
 deterministic function of its observation: reruns give the same episodes, and an observation gets
-the same chunk alone or in a batch of 32. (A DDPM scheduler still draws noise in each step from
+the same chunk alone or in a batch of 32 (to float rounding: ~4e-7 on the shipped checkpoint). (A DDPM scheduler still draws noise in each step from
 torch's global generator; the seam leaves that as LeRobot does it.)
 """
 
