@@ -56,11 +56,12 @@ _ALIASES = {
     "pixels": "observation.image",
 }
 
-# Their predict_action_chunk reads an observation history that only select_action fills, so a
-# stateless chunk call (and batching across episodes) would be wrong for them.
 _IMAGE_KINDS = frozenset({"rgb", "uint8"})  # contract type or dtype of an HWC uint8 image
 
-_HISTORY_POLICIES = frozenset({"diffusion", "vqbet", "tdmpc", "sac"})
+# Their predict_action_chunk reads an observation history that only select_action fills, so a
+# stateless chunk call (and batching across episodes) would be wrong for them. (Diffusion with
+# n_obs_steps=1 runs through lerobot_diffusion instead.)
+_HISTORY_POLICIES = frozenset({"vqbet", "tdmpc", "sac"})
 
 _FIX_HINT = (
     "Fix: name the sim's observation keys the way the policy expects (state/agent_pos -> "
@@ -254,8 +255,12 @@ class LeRobotPolicy:
             raise ValueError(
                 f"{folder} holds a '{config.type}' policy, whose predict_action_chunk depends on an "
                 "observation history kept by select_action; LeRobotPolicy supports chunking policies "
-                "without one (act, smolvla, pi0, pi05, ...)"
+                "without one (act, diffusion with n_obs_steps=1, smolvla, pi0, pi05, ...)"
             )
+        if config.type == "diffusion":
+            from pytest_hud.agent.lerobot_diffusion import check_diffusion_config
+
+            check_diffusion_config(config, folder)
         config.device = device
         # PreTrainedPolicy.from_pretrained prints a progress line; keep stdout for the test run.
         with contextlib.redirect_stdout(sys.stderr):
@@ -315,6 +320,8 @@ class LeRobotPolicy:
         """One action chunk ``[T, A]`` per observation, predicted in one batched forward pass."""
         import torch
 
+        from pytest_hud.agent.lerobot_diffusion import diffusion_chunk
+
         if len(observations) != len(prompts):
             raise ValueError(f"{len(observations)} observations but {len(prompts)} prompts")
         if not observations:
@@ -345,7 +352,10 @@ class LeRobotPolicy:
         batch["task"] = [prompt or "" for prompt in prompts]
         with torch.inference_mode():
             batch = self.preprocessor(batch)
-            chunk = self.policy.predict_action_chunk(batch)
+            if self.policy.config.type == "diffusion":
+                chunk = diffusion_chunk(self.policy, batch)
+            else:
+                chunk = self.policy.predict_action_chunk(batch)
             if self.n_action_steps is not None:
                 chunk = chunk[:, : self.n_action_steps]
             chunk = self.postprocessor(chunk)
