@@ -158,9 +158,11 @@ class VectorSim:
     claim_rules: ClaimRules = ClaimRules()
     #: Task names a claim may choose from (empty: the sim has one env, chosen by build arguments).
     tasks: tuple[str, ...] = ()
-    #: Each task's natural-language instruction (task name -> text); a task without one is prompted with its name.
+    #: Each task's natural-language instruction (task name -> text); a task without one is
+    #: prompted with its name.
     instructions: Mapping[str, str] = {}
-    #: The instruction of a sim without tasks (a gymnasium env's ``hud_instruction``, ``task_description``, ...).
+    #: The instruction of a sim without tasks (a gymnasium env's ``hud_instruction``,
+    #: ``task_description``, ...).
     instruction: str | None = None
     #: Set by the bridge's loader when the vectorization asked for did not apply to this sim: why,
     #: and what runs instead (the bridge announces it; the pytest plugin shows it in its summary).
