@@ -34,12 +34,14 @@ import random
 import secrets
 from collections import Counter
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from pytest_hud.core.contract import Contract, ContractError
 from pytest_hud.sim.claims import ClaimRules
+from pytest_hud.sim.instructions import check_instructions, claim_prompt
 from pytest_hud.bridge.failures import (
     ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout, EpisodeOver, NoFirstObservation,
     SlotError, SlotFailure, SlotReleased, TaskError,
@@ -94,6 +96,7 @@ class BridgeEngine(TickRules, FaultRules):
                  wave: bool = False, timeouts: Timeouts | None = None,
                  build_args: dict[str, Any] | None = None, tick: str = "lockstep",
                  tick_window: float = DEFAULT_TICK_WINDOW, tasks: tuple[str, ...] = (),
+                 instructions: Mapping[str, str] | None = None, instruction: str | None = None,
                  lanes: tuple[int, ...] | None = None, start_together: int = 0,
                  claims: ClaimRules | None = None, isolates: bool = False, max_faults: int = 3,
                  rng: random.Random | None = None) -> None:
@@ -128,6 +131,9 @@ class BridgeEngine(TickRules, FaultRules):
         self.timeouts = timeouts or Timeouts()
         self.build_args = dict(build_args or {})
         self.tasks = tuple(tasks)  # what a claim may choose from (empty: the sim has no tasks)
+        # what a claim without a prompt is prompted with (pytest_hud.sim.instructions)
+        self.instructions = check_instructions(instructions, self.tasks)
+        self.instruction = instruction
         self._build_key = json.dumps(self.build_args, sort_keys=True)
         self._hold_action = np.asarray(hold_action)
         self._batch_shape = (width,) + self._hold_action.shape
@@ -233,11 +239,12 @@ class BridgeEngine(TickRules, FaultRules):
         slot.task = dict(task)
         seed = task.get("seed")
         slot.seed = None if seed is None else int(seed)
-        slot.options, slot.prompt = task.get("options"), task.get("prompt")
+        slot.options = task.get("options")
+        # an explicit prompt, else the task's instruction, else its name (a multi-task policy learns
+        # the episode's task from its prompt), else the sim's one instruction
+        slot.prompt = claim_prompt(task.get("prompt"), name, self.instructions, self.instruction)
         if name is not None:
             slot.last_task = name
-            if slot.prompt is None:
-                slot.prompt = name  # a multi-task policy learns the episode's task from its prompt
         self._by_token[slot.token] = slot
         return slot
 

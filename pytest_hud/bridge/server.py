@@ -73,6 +73,8 @@ class BridgeServer(ControlHandlers):
                                    wave=not sim.supports_slot_reset, timeouts=timeouts,
                                    build_args=build_args, tick=tick, tick_window=tick_window,
                                    tasks=tuple(getattr(sim, "tasks", ()) or ()),
+                                   instructions=getattr(sim, "instructions", None) or {},
+                                   instruction=getattr(sim, "instruction", None),
                                    lanes=getattr(sim, "lanes", None), start_together=start_together,
                                    claims=sim.claim_rules,
                                    # pinning a fault on a slot needs a sim that steps a subset of slots

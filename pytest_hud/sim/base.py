@@ -18,6 +18,7 @@ import numpy as np
 
 from pytest_hud.core.contract import Contract, derive_contract, flatten_observation
 from pytest_hud.sim.claims import ClaimRules
+from pytest_hud.sim.instructions import declared_instruction
 
 if TYPE_CHECKING:
     from pytest_hud.sim.threads import EnvThreads
@@ -143,6 +144,10 @@ class VectorSim:
     reset, and must not step the idle env). Every task shares the one contract.
     :class:`~pytest_hud.sim.multitask.MultiTaskSim` builds such a sim from ``make_env(task)``. Sims
     that declare no tasks are never passed ``tasks``, and a claim that names a task is refused.
+
+    **Instructions**: a sim tells language-conditioned policies what to do with ``instructions``
+    (task name -> text) or, without tasks, ``instruction``; the bridge makes it the prompt of every
+    claim that brings none (the rule: :mod:`pytest_hud.sim.instructions`).
     """
 
     supports_slot_reset: bool = True
@@ -153,6 +158,12 @@ class VectorSim:
     claim_rules: ClaimRules = ClaimRules()
     #: Task names a claim may choose from (empty: the sim has one env, chosen by build arguments).
     tasks: tuple[str, ...] = ()
+    #: Each task's natural-language instruction (task name -> text); a task without one is
+    #: prompted with its name.
+    instructions: Mapping[str, str] = {}
+    #: The instruction of a sim without tasks (a gymnasium env's ``hud_instruction``,
+    #: ``task_description``, ...).
+    instruction: str | None = None
     #: Set by the bridge's loader when the vectorization asked for did not apply to this sim: why,
     #: and what runs instead (the bridge announces it; the pytest plugin shows it in its summary).
     vectorization_note: str | None = None
@@ -316,6 +327,10 @@ class GymSim(VectorSim):
         # every sub-env in a steppable state.
         obs = env.reset()[0] if threads is None else self._reset_everywhere()
         self._obs = self._flatten(obs)
+        # read after the first reset (some envs set it there); an async env's workers would
+        # die asking for an attribute their env lacks: not read there
+        if not isinstance(env, AsyncVectorEnv):
+            self.instruction = declared_instruction(env.envs[0] if isinstance(env, SyncVectorEnv) else env)
         sample = {k: v[0] for k, v in self._obs.items()}
         single = env.single_observation_space
         if not isinstance(obs, Mapping):

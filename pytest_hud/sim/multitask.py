@@ -14,6 +14,12 @@ one (a slot whose episode is over is not stepped at all, so a Meta-World env pas
 rendering env that idles costs nothing).
 
     sim = MultiTaskSim(8, ["reach-v3", "push-v3"], make_env=lambda task: MetaWorldTask(task))
+
+``instructions`` (task name -> natural-language text) gives each task the instruction a
+language-conditioned policy is prompted with (LeRobot's ``task``, openpi's ``prompt``); a task
+without one is prompted with its name (see :mod:`pytest_hud.sim.instructions`)::
+
+    MultiTaskSim(8, ["left", "right"], make_env, instructions={"left": "reach the left goal", ...})
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from pytest_hud.core.contract import Contract, ContractError, derive_contract, flatten_observation
+from pytest_hud.sim.instructions import check_instructions
 from pytest_hud.sim.base import (
     SUCCESS_KEYS, SlotFaults, StepBatch, VectorSim, declared_claim_rules, per_slot,
 )
@@ -43,13 +50,15 @@ class MultiTaskSim(VectorSim):
     isolates_slots = True  # one env raising fails its slot's episode only (its envs are rebuilt)
 
     def __init__(self, width: int, tasks: Sequence[str], make_env: Callable[[str], Any],
-                 cache_size: int = 4, control_rate: float | None = None) -> None:
+                 cache_size: int = 4, control_rate: float | None = None,
+                 instructions: Mapping[str, str] | None = None) -> None:
         super().__init__(width)
         self.tasks = tuple(str(t) for t in tasks)
         if not self.tasks:
             raise ValueError("a MultiTaskSim needs at least one task")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"task names must be unique, got {list(self.tasks)}")
+        self.instructions = check_instructions(instructions, self.tasks)
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1 env per slot, got {cache_size}")
         self.make_env = make_env

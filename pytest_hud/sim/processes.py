@@ -59,7 +59,8 @@ def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str,
         sim = build(target, width, build_args, control_rate)
         conn.send(("ok", (sim.contract().to_dict(), sim.supports_slot_step, sim.supports_slot_reset,
                           sim.observe(), tuple(getattr(sim, "tasks", ()) or ()), sim_stats(sim),
-                          sim.isolates_slots, sim.claim_rules.to_dict())))
+                          sim.isolates_slots, sim.claim_rules.to_dict(),
+                          dict(getattr(sim, "instructions", {}) or {}), getattr(sim, "instruction", None))))
     except BaseException:  # noqa: BLE001 - the bridge reports it with the target
         conn.send(("error", traceback.format_exc()))
         return
@@ -172,6 +173,7 @@ class ProcessSim(VectorSim):
         self.tasks = hellos[0][4]
         self.isolates_slots = all(h[6] for h in hellos)  # each env lives in one block's process
         self.claim_rules = ClaimRules.from_dict(hellos[0][7])
+        self.instructions, self.instruction = hellos[0][8], hellos[0][9]
         for block, hello in zip(self._blocks, hellos):
             block.stats = hello[5]
         self.lanes = tuple(k for k, block in enumerate(self._blocks) for _ in range(block.start, block.stop))
