@@ -11,8 +11,9 @@ of the episode (``max_reward`` in ``lerobot-eval``).
 
 The checkpoint (~46 MB: ACT's ResNet-18 is the smallest vision encoder the seam can run) is not in
 the repository: ``scripts/make_pusht_checkpoint.py`` builds it on first use into
-``~/.cache/pytest-hud/pusht_act-<script hash>`` (~1-2 min on 2 cores, once), or into
-``$PUSHT_CHECKPOINT``. Seeds are ``PUSHT_FIRST_SEED`` (default 1000, ``lerobot-eval``'s first
+``~/.cache/pytest-hud/pusht_act-<script hash>-lerobot<X.Y>`` (~1-2 min on 2 cores, once per LeRobot
+line: a 0.6 checkpoint does not load in 0.4), or into ``$PUSHT_CHECKPOINT``, at the end of
+collection (``prepare`` below). Seeds are ``PUSHT_FIRST_SEED`` (default 1000, ``lerobot-eval``'s first
 seed) onwards, ``PUSHT_EPISODES`` of them (default 8).
 
 Needs LeRobot and gym-pusht (``pip install --no-deps gym-pusht==0.1.8 "pymunk>=6.6,<7"
@@ -54,7 +55,7 @@ def _maker():
     return module
 
 
-CHECKPOINT = _maker().default_checkpoint_dir()  # a path only; built by the fixture below
+CHECKPOINT = _maker().default_checkpoint_dir()  # a path only; built by prepare() below
 
 pytestmark = pytest.mark.hud(
     sim=f"{HERE / 'sims' / 'pusht.py'}:make_pusht",
@@ -63,13 +64,16 @@ pytestmark = pytest.mark.hud(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def pusht_checkpoint(request):
-    """Build the checkpoint once (file lock: one xdist worker builds, the others wait); not needed
-    when --hud-policy names another policy."""
-    if request.config.getoption("hud_policy", None):
-        return None
-    return _maker().ensure_checkpoint(CHECKPOINT)
+def prepare(config: pytest.Config) -> None:
+    """Build the checkpoint once, before the run declares its episodes (evals/conftest.py calls this;
+    the declaration checks that the marker's checkpoint exists). A file lock makes one xdist worker
+    build while the others wait; not needed when --hud-policy names another policy."""
+    if config.getoption("hud_policy", None):
+        return
+    try:
+        _maker().ensure_checkpoint(CHECKPOINT)
+    except RuntimeError as exc:
+        raise pytest.UsageError(f"the PushT suite needs its checkpoint: {exc}") from None
 
 
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + EPISODES))
