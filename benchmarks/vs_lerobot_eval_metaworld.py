@@ -20,10 +20,10 @@ What can and cannot agree:
   their intervals.
 - **Observations.** LeRobot's Meta-World env (0.4.4 and 0.6.1 alike) offers ``pixels`` (480x480,
   camera ``corner2`` moved) and ``pixels_agent_pos`` (those pixels plus ``agent_pos`` = the first 4
-  state floats: hand xyz and gripper); ``obs_type="state"`` raises ``NotImplementedError``. A policy of the full
-  39-float state (objects and goal included) therefore cannot be evaluated by ``lerobot-eval`` at
-  all; this script runs it anyway and prints the error it ends with, so the statement stays checked
-  against the installed LeRobot.
+  state floats: hand xyz and gripper); ``obs_type="state"`` raises ``NotImplementedError``. A
+  policy of the full 39-float state (objects and goal included) therefore cannot be evaluated by
+  ``lerobot-eval`` at all; this script runs it anyway and prints the error it ends with, so the
+  statement stays checked against the installed LeRobot.
 
 Not a test: the machine is shared and noisy; only side-by-side figures count.
 """
