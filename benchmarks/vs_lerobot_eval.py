@@ -9,8 +9,10 @@ batches), each command timed as a whole subprocess (interpreter, imports, model 
 episodes, reports):
 
 - ``lerobot-eval --policy.path=CKPT --env.type=pusht --eval.batch_size=W --eval.n_episodes=N
-  --policy.device=cpu --seed=1000 --output_dir=TMP``: one process, a SyncVectorEnv of W envs, one
-  batched ``select_action`` per tick.
+  --policy.device=cpu --seed=1000 --output_dir=TMP --eval.use_async_envs=false``: one process, a
+  SyncVectorEnv of W envs, one batched ``select_action`` per tick (LeRobot 0.6 defaults to an
+  AsyncVectorEnv, one process per env; the flag, passed whenever the installed LeRobot knows it,
+  keeps the sync setup 0.4 has by default).
 - ``hud``: ``pytest evals/test_pusht.py -n W --hud-width=W``: W xdist workers, one bridge with W
   slots, each worker loading its own model copy with torch's default thread count (one per core);
 - ``hud-1thread``: the same with ``OMP_NUM_THREADS=1`` (one torch thread per worker: W workers
@@ -115,6 +117,19 @@ def run_timed(command: list[str], env: dict[str, str], log: Path, python: Path) 
     return time.perf_counter() - started, code
 
 
+# Whether the installed lerobot-eval has ``--eval.use_async_envs`` (0.4.4 does, default false; 0.6
+# defaults it to true: one subprocess per env, whose workers lack the gym_pusht namespace).
+_ASYNC_FIELD = ("import dataclasses; from lerobot.configs.default import EvalConfig; "
+                "print('use_async_envs' in {f.name for f in dataclasses.fields(EvalConfig)})")
+
+
+def sync_env_args(python_bin: Path, env: dict[str, str]) -> list[str]:
+    """``--eval.use_async_envs=false`` where lerobot-eval takes it: its envs then step in one process
+    (a SyncVectorEnv), like pytest-hud's bridge by default, on every LeRobot version."""
+    probe = subprocess.run([str(python_bin), "-c", _ASYNC_FIELD], env=env, capture_output=True, text=True)
+    return ["--eval.use_async_envs=false"] if probe.stdout.strip() == "True" else []
+
+
 def rate_text(successes: int, n: int) -> str:
     low, high = wilson_interval(successes, n)
     return f"{successes}/{n} = {successes / n:.1%}  95% CI [{low:.1%}, {high:.1%}]" if n else "no episodes"
@@ -133,6 +148,7 @@ def lerobot_eval(python_bin: Path, checkpoint: Path, args, scratch: Path, env: d
         "--policy.device=cpu",
         f"--seed={FIRST_SEED}",
         f"--output_dir={output_dir}",
+        *sync_env_args(python_bin, env),
         *extra,
     ]
     log = scratch / f"{name}.log"

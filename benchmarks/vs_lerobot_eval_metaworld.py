@@ -8,7 +8,8 @@ each command timed as a whole subprocess:
 
 - ``hud``: ``pytest evals/test_metaworld_act.py -n W --hud-width=W`` (seeds 0..N-1 per task).
 - ``lerobot-eval``: ``lerobot-eval --policy.path=CKPT --env.type=metaworld --env.task=T1,T2,T3
-  --eval.batch_size=W --eval.n_episodes=N --policy.device=cpu``.
+  --eval.batch_size=W --eval.n_episodes=N --policy.device=cpu --eval.use_async_envs=false`` (the
+  flag where the installed LeRobot knows it: 0.6 defaults to one process per env).
 
 What can and cannot agree:
 
@@ -17,12 +18,12 @@ What can and cannot agree:
   and goal position from Meta-World's own RNG, whatever ``--seed`` says; pytest-hud's seed ``s``
   is variation ``s % 50`` of ``MT1(task, seed=s // 50)``. Only success *rates* are comparable, with
   their intervals.
-- **Observations.** LeRobot 0.4.4's Meta-World env offers ``pixels`` (480x480, camera ``corner2``
-  moved) and ``pixels_agent_pos`` (those pixels plus ``agent_pos`` = the first 4 state floats: hand
-  xyz and gripper); ``obs_type="state"`` raises ``NotImplementedError``. A policy of the full
-  39-float state (objects and goal included) therefore cannot be evaluated by ``lerobot-eval`` at
-  all; this script runs it anyway and prints the error it ends with, so the statement stays checked
-  against the installed LeRobot.
+- **Observations.** LeRobot's Meta-World env (0.4.4 and 0.6.1 alike) offers ``pixels`` (480x480,
+  camera ``corner2`` moved) and ``pixels_agent_pos`` (those pixels plus ``agent_pos`` = the first 4
+  state floats: hand xyz and gripper); ``obs_type="state"`` raises ``NotImplementedError``. A
+  policy of the full 39-float state (objects and goal included) therefore cannot be evaluated by
+  ``lerobot-eval`` at all; this script runs it anyway and prints the error it ends with, so the
+  statement stays checked against the installed LeRobot.
 
 Not a test: the machine is shared and noisy; only side-by-side figures count.
 """
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_hud.stats import wilson_interval
+from vs_lerobot_eval import sync_env_args  # this script's folder is on sys.path
 
 CHECKPOINT = ROOT / "evals" / "checkpoints" / "metaworld_act" / "final"
 TASKS = ("reach-v3", "button-press-topdown-v3", "drawer-close-v3")
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         output = scratch / "lerobot-eval"
         theirs = [str(args.python.parent / "lerobot-eval"), f"--policy.path={args.checkpoint}", "--env.type=metaworld",
                   f"--env.task={','.join(TASKS)}", f"--eval.batch_size={args.width}",
-                  f"--eval.n_episodes={args.episodes}", "--policy.device=cpu", f"--output_dir={output}"]
+                  f"--eval.n_episodes={args.episodes}", "--policy.device=cpu", f"--output_dir={output}",
+                  *sync_env_args(args.python, env)]
         wall, code = run_timed(theirs, env, scratch / "lerobot-eval.log")
         print(f"lerobot-eval  wall {wall:6.1f}s  exit {code}  {' '.join(theirs)}")
         info = output / "eval_info.json"

@@ -11,9 +11,10 @@ of the episode (``max_reward`` in ``lerobot-eval``).
 
 The checkpoint (~46 MB: ACT's ResNet-18 is the smallest vision encoder the seam can run) is not in
 the repository: ``scripts/make_pusht_checkpoint.py`` builds it on first use into
-``~/.cache/pytest-hud/pusht_act-<script hash>`` (~1-2 min on 2 cores, once), or into
-``$PUSHT_CHECKPOINT``. Seeds are ``PUSHT_FIRST_SEED`` (default 1000, ``lerobot-eval``'s first
-seed) onwards, ``PUSHT_EPISODES`` of them (default 8).
+``~/.cache/pytest-hud/pusht_act-<script hash>-lerobot<X.Y>`` (~1-2 min on 2 cores, once per LeRobot
+line: a 0.6 checkpoint does not load in 0.4), or into ``$PUSHT_CHECKPOINT``, when this module is
+collected (also under ``--collect-only`` or ``--hud-policy``: once). Seeds are ``PUSHT_FIRST_SEED``
+(default 1000, ``lerobot-eval``'s first seed) onwards, ``PUSHT_EPISODES`` of them (default 8).
 
 Needs LeRobot and gym-pusht (``pip install --no-deps gym-pusht==0.1.8 "pymunk>=6.6,<7"
 "shapely>=2.0.3,<3" "pygame>=2.5.2,<2.7" cffi``, versions in ``constraints/lerobot.txt``);
@@ -54,22 +55,17 @@ def _maker():
     return module
 
 
-CHECKPOINT = _maker().default_checkpoint_dir()  # a path only; built by the fixture below
+# Built here, when the module is collected, not in a fixture: the run declares its episodes at the
+# end of collection and checks then that the marker's checkpoint exists. A file lock makes one xdist
+# worker build it while the others wait; once built, this only looks at the folder. A failed build
+# is this module's collection error.
+CHECKPOINT = _maker().ensure_checkpoint()
 
 pytestmark = pytest.mark.hud(
     sim=f"{HERE / 'sims' / 'pusht.py'}:make_pusht",
     policy=str(CHECKPOINT),
     max_steps=MAX_STEPS,
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def pusht_checkpoint(request):
-    """Build the checkpoint once (file lock: one xdist worker builds, the others wait); not needed
-    when --hud-policy names another policy."""
-    if request.config.getoption("hud_policy", None):
-        return None
-    return _maker().ensure_checkpoint(CHECKPOINT)
 
 
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + EPISODES))

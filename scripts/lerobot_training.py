@@ -24,6 +24,13 @@ def save_checkpoint(policy: Any, preprocessor: Any, postprocessor: Any, folder: 
         path.chmod(0o644)  # safetensors writes 0600; these files are shared through git
 
 
+def endless(loader: Any) -> Any:
+    """The loader's batches epoch after epoch (each pass a fresh iterator, so a shuffling loader
+    reshuffles); written here because LeRobot's own helper moved between 0.4 and 0.6."""
+    while True:
+        yield from loader
+
+
 def train(
     config: Any,
     dataset_root: Path,
@@ -49,7 +56,6 @@ def train(
     from lerobot.configs.default import DatasetConfig
     from lerobot.configs.train import TrainPipelineConfig
     from lerobot.datasets.factory import make_dataset
-    from lerobot.datasets.utils import cycle
     from lerobot.optim.factory import make_optimizer_and_scheduler
     from lerobot.policies.factory import make_policy, make_pre_post_processors
     from lerobot.scripts.lerobot_train import update_policy
@@ -90,7 +96,7 @@ def train(
         items, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=False,
         generator=torch.Generator().manual_seed(seed),
     )
-    batches = cycle(loader)
+    batches = endless(loader)
     meters = {
         "loss": AverageMeter("loss", ":.3f"),
         "grad_norm": AverageMeter("grdn", ":.3f"),

@@ -16,7 +16,8 @@ torchvision ResNet (``ACTConfig.vision_backbone`` must start with "resnet"; ResN
 head is 11.2 M parameters, ~45 MB in float32) or multi-GB VLAs. Diffusion and VQ-BeT also require a
 ResNet; TD-MPC and SAC have small conv encoders but keep an observation history in
 ``select_action``, which the seam refuses. So the checkpoint (~46 MB) is built on first use into a
-cache folder keyed by this script's content (:func:`ensure_checkpoint`), ~1-2 min on 2 cores::
+cache folder keyed by this script's content and LeRobot's major.minor (:func:`ensure_checkpoint`),
+~1-2 min on 2 cores::
 
     .venv-lerobot/bin/python scripts/make_pusht_checkpoint.py            # into the cache folder
     .venv-lerobot/bin/python scripts/make_pusht_checkpoint.py --out DIR  # anywhere
@@ -54,14 +55,25 @@ def script_digest() -> str:
     return hashlib.sha256(SCRIPT.read_bytes()).hexdigest()
 
 
+def lerobot_line() -> str:
+    """The installed LeRobot's major.minor, read from its metadata (no import): a checkpoint saved by
+    0.6 does not load in 0.4 (its config has fields 0.4 refuses), so each line builds its own."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return ".".join(version("lerobot").split(".")[:2])
+    except PackageNotFoundError:
+        return "none"
+
+
 def default_checkpoint_dir() -> Path:
-    """``$PUSHT_CHECKPOINT``, else ``$XDG_CACHE_HOME/pytest-hud/pusht_act-<script sha256[:12]>``
-    (``~/.cache`` by default): editing this script makes a new checkpoint."""
+    """``$PUSHT_CHECKPOINT``, else ``$XDG_CACHE_HOME/pytest-hud/pusht_act-<script sha256[:12]>-lerobot<X.Y>``
+    (``~/.cache`` by default): editing this script, or another LeRobot line, makes a new checkpoint."""
     explicit = os.environ.get(CHECKPOINT_ENV)
     if explicit:
         return Path(explicit).expanduser().resolve()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "pytest-hud" / f"pusht_act-{script_digest()[:12]}"
+    return cache / "pytest-hud" / f"pusht_act-{script_digest()[:12]}-lerobot{lerobot_line()}"
 
 
 def is_complete(folder: Path) -> bool:
