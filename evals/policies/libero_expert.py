@@ -1,8 +1,9 @@
 """A scripted pick-and-place expert for LIBERO on privileged state, and a degraded variant.
 
-It reads the privileged keys a LIBERO sim built with ``privileged=True`` adds to each observation
-(``evals/sims/libero_goal.py``): ``object_pos`` and ``target_pos`` (the goal's ``(On OBJECT TARGET)``
-pair, live world positions), ``eef_pos``, ``eef_quat`` (x, y, z, w) and ``gripper_qpos``. It drives
+It reads the observation of a LIBERO sim built with ``privileged=True`` (``evals/sims/libero.py``):
+``state`` (end-effector position, its orientation as an axis-angle vector, the two finger positions)
+and ``environment_state`` (``evals/sims/libero_goal.py``: live world positions of the goal's
+``(On OBJECT TARGET)`` object and target, and of the nearest other object). It drives
 LIBERO's OSC_POSE delta actions (7 floats in [-1, 1]: dx, dy, dz, drx, dry, drz, gripper; 1.0 moves
 the position target 5 cm and the orientation target 0.5 rad; gripper -1 opens, +1 closes) through
 waypoints: above the object's rim -> down -> close -> lift -> above the target -> down -> open -> up.
@@ -10,10 +11,10 @@ The gripper is held pointing down (a proportional correction of its tilt; its ya
 holding a fixed yaw drives the wrist into its limit at the far side of the table).
 
 The grasp pinches the bowl's wall: the grasp point is the object's centre shifted by the rim radius
-along the axis the fingers close on (the gripper's y axis, in the table plane). While carrying, the placement target follows
+along the axis the fingers close on (the hand's y axis, in the table plane). While carrying, the placement target follows
 the live object position (target minus object), so a grasp that slipped still lands centred.
 
-The grasp side (either end of the finger axis) is the one away from ``obstacle_pos``, the nearest other
+The grasp side (either end of the finger axis) is the one away from the nearest other
 movable object, whose wall would otherwise block the outer finger.
 
 - ``expert``: the scripted expert (libero_spatial, 10 tasks x 5 init states: see docs/libero-policies.md).
@@ -32,16 +33,16 @@ __all__ = ["PickPlaceExpert", "expert", "expert_late_release"]
 _POS_SCALE = 0.05  # metres per unit action (robosuite OSC_POSE output_max)
 _ROT_SCALE = 0.5  # radians per unit action
 
-_KEYS = ("object_pos", "target_pos", "obstacle_pos", "eef_pos", "eef_quat", "gripper_qpos")
 
 
-def _quat_to_mat(q: np.ndarray) -> np.ndarray:
-    x, y, z, w = q / np.linalg.norm(q)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-    ])
+def _rotation(axis_angle: np.ndarray) -> np.ndarray:
+    """Rotation matrix of an axis-angle vector (Rodrigues)."""
+    angle = float(np.linalg.norm(axis_angle))
+    if angle < 1e-9:
+        return np.eye(3)
+    x, y, z = axis_angle / angle
+    k = np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+    return np.eye(3) + np.sin(angle) * k + (1.0 - np.cos(angle)) * (k @ k)
 
 
 
@@ -64,14 +65,13 @@ class PickPlaceExpert:
         self._rest_z: float | None = None  # object's resting height at the start
         self._side = 1.0
 
-    def _move(self, eef: np.ndarray, target: np.ndarray, quat: np.ndarray, gripper: float,
+    def _move(self, eef: np.ndarray, target: np.ndarray, rotation: np.ndarray, gripper: float,
               limit: float = 1.0) -> np.ndarray:
         action = np.zeros(7, dtype=np.float64)
         error = target - eef
         # the OSC arm stops about 1 cm short of a small step: an integral term removes that offset
         self._integral = np.clip(self._integral + error, -0.05, 0.05) if np.linalg.norm(error) < 0.03 else self._integral
         action[:3] = np.clip(error * self.gain + self._integral * self.integral_gain, -limit, limit)
-        rotation = _quat_to_mat(quat)
         # tilt only: bring the gripper's axis to pointing down, leave the yaw where the arm has it
         axis = rotation[:, 2]
         tilt = np.cross(axis, np.array([0.0, 0.0, -1.0]))
@@ -86,21 +86,26 @@ class PickPlaceExpert:
         self._integral = np.zeros(3)
 
     def predict(self, observation, prompt: str | None = None) -> np.ndarray:
-        missing = [key for key in _KEYS if key not in observation]
-        if missing:
+        if "environment_state" not in observation or "state" not in observation:
             raise ValueError(
-                f"the LIBERO expert needs the privileged observation keys {missing}; build the LIBERO sim "
-                "with privileged=True (evals/sims/libero.py)")
-        obj, goal, obstacle, eef, quat = (np.asarray(observation[k], dtype=np.float64).reshape(-1) for k in _KEYS[:5])
+                "the LIBERO expert needs the observation's 'state' and privileged 'environment_state'; "
+                f"it has {sorted(observation)}: build the LIBERO sim with privileged=True (evals/sims/libero.py)")
+        state = np.asarray(observation["state"], dtype=np.float64).reshape(-1)
+        privileged = np.asarray(observation["environment_state"], dtype=np.float64).reshape(-1)
+        if state.size != 8 or privileged.size != 9:
+            raise ValueError(f"the LIBERO expert expects state[8] and environment_state[9], got "
+                             f"{state.size} and {privileged.size}")
+        eef, rotation = state[:3], _rotation(state[3:6])
+        obj, goal, obstacle = privileged[:3], privileged[3:6], privileged[6:9]
         self._count += 1
         if self.phase in ("approach", "descend") or self._rest_z is None:
             self._rest_z = float(obj[2])  # the object is still on the table: follow it while it settles
-        fingers = _quat_to_mat(quat)[:, 1]  # the fingers close along the gripper's y axis
+        fingers = rotation[:, 1]  # the fingers close along the hand's y axis
         fingers = np.array([fingers[0], fingers[1], 0.0]) / max(np.linalg.norm(fingers[:2]), 1e-6)
         if self.phase == "approach" and self._count == 1:
             # grasp the wall on the side away from the nearest other object (the outer finger needs room)
             self._side = 1.0 if float(np.dot(obj - obstacle, fingers)) >= 0.0 else -1.0
-        if self.phase in ("carry", "lower") and obj[2] < self._rest_z + 0.02 and abs(goal[2] - obj[2]) > 0.03:
+        if self.phase == "carry" and obj[2] < self._rest_z + 0.02 and np.linalg.norm((goal - obj)[:2]) > 0.03:
             self._next("approach")  # dropped on the way: grasp again
             self._count = 1
         grasp = obj + self._side * self.rim_radius * fingers
@@ -109,15 +114,15 @@ class PickPlaceExpert:
         if self.phase == "approach":
             if np.linalg.norm((above - eef)[:2]) < 0.005 and abs(above[2] - eef[2]) < 0.02:
                 self._next("descend")
-            return self._move(eef, above, quat, -1.0)
+            return self._move(eef, above, rotation, -1.0)
         if self.phase == "descend":
             if np.linalg.norm(grasp - eef) < 0.006 or self._count > 40:
                 self._next("close")
-            return self._move(eef, grasp, quat, -1.0)
+            return self._move(eef, grasp, rotation, -1.0)
         if self.phase == "close":
             if self._count > 12:
                 self._next("lift")
-            return self._move(eef, grasp, quat, 1.0)
+            return self._move(eef, grasp, rotation, 1.0)
         # carrying: the end effector target is offset so the object (live) lands on the target
         offset = eef - obj
         if self.phase == "lift":
@@ -128,25 +133,25 @@ class PickPlaceExpert:
                 self._count = 1
             elif abs(target[2] - eef[2]) < 0.02:
                 self._next("carry")
-            return self._move(eef, target, quat, 1.0)
+            return self._move(eef, target, rotation, 1.0)
         if self.phase == "carry":
             target = goal + offset
             target[2] = self._rest_z + self.grasp_depth + self.carry_height
             if np.linalg.norm((goal - obj)[:2]) < 0.008:
                 self._next("lower")
-            return self._move(eef, target, quat, 1.0)
+            return self._move(eef, target, rotation, 1.0)
         if self.phase == "lower":
             target = goal + offset
             target[2] = eef[2] + (goal[2] + self.release_height - obj[2])
             if obj[2] - goal[2] < self.release_height + 0.005 or self._count > 60:
                 self._next("release")
-            return self._move(eef, target, quat, 1.0, limit=0.6)
+            return self._move(eef, target, rotation, 1.0, limit=0.6)
         if self.phase == "release":
             if self._count > 10:
                 self._next("retreat")
-            return self._move(eef, eef, quat, -1.0)
+            return self._move(eef, eef, rotation, -1.0)
         target = eef + np.array([0.0, 0.0, 0.1])
-        return self._move(eef, target, quat, -1.0)
+        return self._move(eef, target, rotation, -1.0)
 
 
 def expert() -> PickPlaceExpert:

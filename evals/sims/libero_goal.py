@@ -1,24 +1,32 @@
-"""Privileged state for LIBERO tasks: which object the goal moves, where to, and where both are now.
+"""Privileged state for LIBERO pick-and-place tasks: which object the goal moves, where to, and where both are.
 
 A LIBERO task's BDDL goal names the object to move and its destination, e.g. ``(On akita_black_bowl_1
 plate_1)``; the environment parses it into ``parsed_problem["goal_state"]`` (``[['on', obj, target]]``).
-:func:`goal_pair` reads that pair, :func:`privileged_observation` reads the live positions from the
-MuJoCo state: the scripted expert (``evals/policies/libero_expert.py``) acts on them, and a state-only
-policy trained on the expert's episodes sees the same keys.
+:func:`goal_pair` reads that pair; :func:`environment_state` reads live positions from the MuJoCo state
+as one float32[9] vector (world metres):
 
-Works on robosuite's inner LIBERO environment (``ControlEnv(...).env``); imports nothing from LIBERO.
+====  ==================================================================================
+0:3   the goal's object (its body origin: the bottom centre of a bowl)
+3:6   the goal's target (a body, or a region's site)
+6:9   the nearest other movable object to the goal's object in the table plane (the
+      target excluded; the object's own position when there is none): what a grasp must
+      keep clear of
+====  ==================================================================================
+
+The LIBERO sim built with ``privileged=True`` adds it to each observation as ``environment_state``
+(recorded as LeRobot's ``observation.environment_state``); the scripted expert
+(``evals/policies/libero_expert.py``) acts on it, and a state-only policy trained on the expert's
+episodes sees the same vector. Works on robosuite's inner LIBERO environment (``ControlEnv(...).env``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PRIVILEGED_KEYS", "PRIVILEGED_STATE_SIZE", "goal_pair", "privileged_observation", "privileged_state"]
+__all__ = ["ENVIRONMENT_STATE_NAMES", "ENVIRONMENT_STATE_SIZE", "environment_state", "goal_pair"]
 
-# order of the flat privileged state vector; sizes in PRIVILEGED_SIZES
-PRIVILEGED_KEYS = ("object_pos", "target_pos", "obstacle_pos", "eef_pos", "eef_quat", "gripper_qpos")
-PRIVILEGED_SIZES = {"object_pos": 3, "target_pos": 3, "obstacle_pos": 3, "eef_pos": 3, "eef_quat": 4, "gripper_qpos": 2}
-PRIVILEGED_STATE_SIZE = sum(PRIVILEGED_SIZES.values())
+ENVIRONMENT_STATE_NAMES = tuple(f"{part}_{axis}" for part in ("object", "target", "obstacle") for axis in "xyz")
+ENVIRONMENT_STATE_SIZE = len(ENVIRONMENT_STATE_NAMES)
 
 # goal predicates that mean "move OBJECT onto/into TARGET"
 _PLACEMENT_PREDICATES = ("on", "in")
@@ -51,7 +59,6 @@ def _position(env, name: str) -> np.ndarray:
 
 
 def _nearest_other(env, pair: tuple[str, str], obj_pos: np.ndarray) -> np.ndarray:
-    """Position of the movable object nearest (in the table plane) to the goal's object, target excluded."""
     best, best_distance = obj_pos, np.inf
     for name in getattr(env, "objects_dict", {}):
         if name in pair:
@@ -63,48 +70,7 @@ def _nearest_other(env, pair: tuple[str, str], obj_pos: np.ndarray) -> np.ndarra
     return best
 
 
-def privileged_observation(env, pair: tuple[str, str]) -> dict[str, np.ndarray]:
-    """Live ``object_pos``, ``target_pos``, ``obstacle_pos`` (the movable object nearest the object, the
-    target excluded; the object's own position when there is none), all world metres, and the end
-    effector's pose and gripper."""
-    robot = env.robots[0]
+def environment_state(env, pair: tuple[str, str]) -> np.ndarray:
+    """The float32[9] privileged vector (object, target, nearest other object) of the table above."""
     obj_pos = _position(env, pair[0])
-    eef_site = robot.eef_site_id if not isinstance(robot.eef_site_id, dict) else robot.eef_site_id["right"]
-    xmat = np.array(env.sim.data.site_xmat[eef_site], dtype=np.float64).reshape(3, 3)
-    return {
-        "object_pos": obj_pos.astype(np.float32),
-        "target_pos": _position(env, pair[1]).astype(np.float32),
-        "obstacle_pos": _nearest_other(env, pair, obj_pos).astype(np.float32),
-        "eef_pos": np.array(env.sim.data.site_xpos[eef_site], dtype=np.float32),
-        "eef_quat": _mat_to_quat_xyzw(xmat).astype(np.float32),
-        "gripper_qpos": np.array(
-            [env.sim.data.qpos[i] for i in robot._ref_gripper_joint_pos_indexes], dtype=np.float32),
-    }
-
-
-def privileged_state(observation: dict[str, np.ndarray]) -> np.ndarray:
-    """The privileged keys of an observation as one flat float32 vector (order: PRIVILEGED_KEYS)."""
-    missing = [key for key in PRIVILEGED_KEYS if key not in observation]
-    if missing:
-        raise ValueError(
-            f"the observation lacks the privileged keys {missing}; build the LIBERO sim with privileged=True")
-    return np.concatenate([np.asarray(observation[key], dtype=np.float32).reshape(-1) for key in PRIVILEGED_KEYS])
-
-
-def _mat_to_quat_xyzw(m: np.ndarray) -> np.ndarray:
-    """Rotation matrix to a unit quaternion (x, y, z, w), w >= 0."""
-    trace = m[0, 0] + m[1, 1] + m[2, 2]
-    if trace > 0:
-        s = 2.0 * np.sqrt(trace + 1.0)
-        q = np.array([(m[2, 1] - m[1, 2]) / s, (m[0, 2] - m[2, 0]) / s, (m[1, 0] - m[0, 1]) / s, 0.25 * s])
-    elif m[0, 0] > m[1, 1] and m[0, 0] > m[2, 2]:
-        s = 2.0 * np.sqrt(1.0 + m[0, 0] - m[1, 1] - m[2, 2])
-        q = np.array([0.25 * s, (m[0, 1] + m[1, 0]) / s, (m[0, 2] + m[2, 0]) / s, (m[2, 1] - m[1, 2]) / s])
-    elif m[1, 1] > m[2, 2]:
-        s = 2.0 * np.sqrt(1.0 + m[1, 1] - m[0, 0] - m[2, 2])
-        q = np.array([(m[0, 1] + m[1, 0]) / s, 0.25 * s, (m[1, 2] + m[2, 1]) / s, (m[0, 2] - m[2, 0]) / s])
-    else:
-        s = 2.0 * np.sqrt(1.0 + m[2, 2] - m[0, 0] - m[1, 1])
-        q = np.array([(m[0, 2] + m[2, 0]) / s, (m[1, 2] + m[2, 1]) / s, 0.25 * s, (m[1, 0] - m[0, 1]) / s])
-    q = q / np.linalg.norm(q)
-    return -q if q[3] < 0 else q
+    return np.concatenate([obj_pos, _position(env, pair[1]), _nearest_other(env, pair, obj_pos)]).astype(np.float32)
