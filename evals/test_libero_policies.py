@@ -13,7 +13,7 @@ object (``evals/sims/libero_goal.py``).
   the gate flag it against ``evals/baselines/libero_spatial_act.jsonl`` (the final checkpoint's run).
 
 Episode seed ``s`` is LIBERO's official init state ``s`` (0-49) of the task. By default a few
-episodes each (tasks ``LIBERO_TASKS``, default ``0,4,8``; seeds ``LIBERO_FIRST_SEED`` ..
+episodes each (tasks ``LIBERO_TASKS``, default ``0,2,8``; seeds ``LIBERO_FIRST_SEED`` ..
 ``+LIBERO_EPISODES``, default 0 and 2); ``LIBERO_TASKS=all LIBERO_EPISODES=10`` is the full set.
 Each state-only episode costs 5-10 s on a CPU (most of it LIBERO's hard reset).
 
@@ -37,7 +37,7 @@ CHECKPOINT = HERE / "checkpoints" / "libero_spatial_act" / "final"
 
 
 def _tasks() -> list[str]:
-    chosen = os.environ.get("LIBERO_TASKS", "0,4,8").strip()
+    chosen = os.environ.get("LIBERO_TASKS", "0,2,8").strip()
     indexes = range(10) if chosen == "all" else [int(part) for part in chosen.split(",") if part.strip()]
     return [f"task_{i:02d}" for i in indexes]
 

@@ -24,6 +24,13 @@ def save_checkpoint(policy: Any, preprocessor: Any, postprocessor: Any, folder: 
         path.chmod(0o644)  # safetensors writes 0600; these files are shared through git
 
 
+def endless(loader: Any) -> Any:
+    """The loader's batches epoch after epoch (each pass a fresh iterator, so a shuffling loader
+    reshuffles); written here because LeRobot's own helper moved between 0.4 and 0.6."""
+    while True:
+        yield from loader
+
+
 def train(
     config: Any,
     dataset_root: Path,
@@ -37,19 +44,20 @@ def train(
     on_step: Callable[[int, Any, Any, Any], None] | None = None,
     log_every: int = 50,
     preload: bool = False,
+    episodes: list[int] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Train ``config`` on the LeRobot dataset at ``dataset_root``; returns (policy, pre, post).
 
     ``adapt_stats(stats)`` may change the normalization stats before the processors are built;
     ``prepare(policy, preprocessor)`` runs before the optimizer is made (freeze parameters, add a
     processor step); ``on_step(step, policy, pre, post)`` runs after every update (snapshots).
+    ``episodes`` trains on those dataset episodes only (e.g. the successful ones).
     """
     import torch
     from accelerate import Accelerator
     from lerobot.configs.default import DatasetConfig
     from lerobot.configs.train import TrainPipelineConfig
     from lerobot.datasets.factory import make_dataset
-    from lerobot.datasets.utils import cycle
     from lerobot.optim.factory import make_optimizer_and_scheduler
     from lerobot.policies.factory import make_policy, make_pre_post_processors
     from lerobot.scripts.lerobot_train import update_policy
@@ -57,7 +65,7 @@ def train(
     from lerobot.utils.random_utils import set_seed
 
     train_config = TrainPipelineConfig(
-        dataset=DatasetConfig(repo_id=repo_id, root=str(dataset_root)),
+        dataset=DatasetConfig(repo_id=repo_id, root=str(dataset_root), episodes=episodes),
         policy=config,
         seed=seed,
         batch_size=batch_size,
@@ -90,7 +98,7 @@ def train(
         items, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=False,
         generator=torch.Generator().manual_seed(seed),
     )
-    batches = cycle(loader)
+    batches = endless(loader)
     meters = {
         "loss": AverageMeter("loss", ":.3f"),
         "grad_norm": AverageMeter("grdn", ":.3f"),

@@ -15,7 +15,10 @@ along the axis the fingers close on (the hand's y axis, in the table plane). Whi
 the live object position (target minus object), so a grasp that slipped still lands centred.
 
 The grasp side (either end of the finger axis) is the one away from the nearest other
-movable object, whose wall would otherwise block the outer finger.
+movable object, whose wall would otherwise block the outer finger. An object beyond ``far_x``
+(6 cm past the table's middle, away from the robot) is pinched on the wall nearest the robot
+instead, the hand turned a quarter: pointing down, the arm cannot reach the far walls there (and a
+drawer's sides leave the fingers no room).
 
 - ``expert``: the scripted expert (libero_spatial, 10 tasks x 5 init states: see docs/libero-policies.md).
 - ``expert_late_release``: the expert that opens its gripper 8 cm above the target: the object lands
@@ -51,7 +54,9 @@ class PickPlaceExpert:
     """Waypoint controller for ``(On OBJECT TARGET)`` goals on privileged state."""
 
     def __init__(self, *, rim_radius: float = 0.040, grasp_depth: float = 0.032, carry_height: float = 0.12,
-                 release_height: float = 0.015, gain: float = 20.0, integral_gain: float = 3.0) -> None:
+                 release_height: float = 0.015, gain: float = 20.0, integral_gain: float = 3.0,
+                 far_x: float = 0.06) -> None:
+        self.far_x = float(far_x)
         self.integral_gain = float(integral_gain)
         self.rim_radius, self.grasp_depth = float(rim_radius), float(grasp_depth)
         self.carry_height, self.release_height, self.gain = float(carry_height), float(release_height), float(gain)
@@ -64,6 +69,7 @@ class PickPlaceExpert:
         self._integral = np.zeros(3)
         self._rest_z: float | None = None  # object's resting height at the start
         self._side = 1.0
+        self._axis: np.ndarray | None = None  # finger axis to turn to (None: keep the arm's yaw)
 
     def _move(self, eef: np.ndarray, target: np.ndarray, rotation: np.ndarray, gripper: float,
               limit: float = 1.0) -> np.ndarray:
@@ -78,6 +84,11 @@ class PickPlaceExpert:
         angle = np.arctan2(np.linalg.norm(tilt), float(np.dot(axis, [0.0, 0.0, -1.0])))
         if np.linalg.norm(tilt) > 1e-9:
             action[3:6] = np.clip(tilt / np.linalg.norm(tilt) * angle / _ROT_SCALE, -0.5, 0.5)
+        if self._axis is not None:  # turn the finger axis onto the chosen one (either end: fingers are symmetric)
+            fingers = rotation[:, 1]
+            yaw = np.arctan2(fingers[0] * self._axis[1] - fingers[1] * self._axis[0], float(np.dot(fingers[:2], self._axis[:2])))
+            yaw = (yaw + np.pi / 2) % np.pi - np.pi / 2
+            action[5] = np.clip(yaw / _ROT_SCALE, -0.5, 0.5)
         action[6] = gripper
         return action
 
@@ -102,9 +113,16 @@ class PickPlaceExpert:
             self._rest_z = float(obj[2])  # the object is still on the table: follow it while it settles
         fingers = rotation[:, 1]  # the fingers close along the hand's y axis
         fingers = np.array([fingers[0], fingers[1], 0.0]) / max(np.linalg.norm(fingers[:2]), 1e-6)
-        if self.phase == "approach" and self._count == 1:
-            # grasp the wall on the side away from the nearest other object (the outer finger needs room)
-            self._side = 1.0 if float(np.dot(obj - obstacle, fingers)) >= 0.0 else -1.0
+        if self.phase == "approach" and self._count == 1 and self._axis is None:
+            if obj[0] > self.far_x:
+                # far from the robot, pointing down, the arm cannot reach the far walls: turn the hand
+                # a quarter and pinch the wall nearest the robot
+                self._axis, self._side = np.array([1.0, 0.0, 0.0]), -1.0
+            else:
+                # grasp the wall on the side away from the nearest other object (the outer finger needs room)
+                self._side = 1.0 if float(np.dot(obj - obstacle, fingers)) >= 0.0 else -1.0
+        if self._axis is not None:
+            fingers = self._axis
         if self.phase == "carry" and obj[2] < self._rest_z + 0.02 and np.linalg.norm((goal - obj)[:2]) > 0.03:
             self._next("approach")  # dropped on the way: grasp again
             self._count = 1
