@@ -1,4 +1,4 @@
-"""Record -> train -> evaluate on LIBERO-Spatial: the ACT checkpoints shipped with ``evals/test_libero_policies.py``.
+"""Record -> train -> evaluate on LIBERO-Spatial: the ACT checkpoints of ``evals/test_libero_policies.py``.
 
 1. **Record**: a real pytest run of ``evals/test_libero_policies.py::test_expert`` (the scripted
    expert ``evals/policies/libero_expert.py:expert`` on privileged state, no cameras) on every task
@@ -71,7 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=5, help="Held-out init states per task (0..N-1)")
     parser.add_argument("--eval-tasks", default="all", help="Tasks to evaluate: 'all' or indexes, e.g. 0,4,8")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for reproducibility)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (fixed for reproducibility)")
     args = parser.parse_args(argv)
     if not 0 < args.early_steps <= args.steps:
         parser.error(f"--early-steps ({args.early_steps}) must be between 1 and --steps ({args.steps}): "
@@ -94,7 +95,8 @@ def record_demonstrations(root: Path, episodes: int, first_seed: int, workers: i
     ]
     if workers > 1:
         command += ["-n", str(workers), f"--hud-width={workers}"]
-    env = dict(os.environ, LIBERO_TASKS="all", LIBERO_FIRST_SEED=str(first_seed), LIBERO_EPISODES=str(episodes),
+    env = dict(os.environ, LIBERO_TASKS="all", LIBERO_FIRST_SEED=str(first_seed),
+               LIBERO_EPISODES=str(episodes),
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     print("recording:", " ".join(command[2:]), flush=True)
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
@@ -171,14 +173,16 @@ def main(argv: list[str] | None = None) -> int:
         root = args.dataset_dir if args.dataset_dir is not None else Path(scratch) / "demos"
         if args.reuse_dataset:
             if not (root / "meta" / "info.json").is_file():
-                raise SystemExit(f"--reuse-dataset: no LeRobot dataset at {root}; drop the flag to record one")
+                raise SystemExit(f"--reuse-dataset: no LeRobot dataset at {root}; "
+                                 "drop the flag to record one")
         else:
             if root.exists():
                 root.rmdir()  # empty (parse_args refuses a folder with anything in it): the recorder makes it
             root.parent.mkdir(parents=True, exist_ok=True)
             tick = time.perf_counter()
             record_demonstrations(root, args.episodes, args.first_seed, args.workers)
-            print(f"recorded {args.episodes} demonstrations per task: {time.perf_counter() - tick:.1f}s", flush=True)
+            print(f"recorded {args.episodes} demonstrations per task: {time.perf_counter() - tick:.1f}s",
+                  flush=True)
         kept = successful_episodes(root)
         print(f"training on the {len(kept)} successful demonstrations", flush=True)
 

@@ -11,8 +11,9 @@ The gripper is held pointing down (a proportional correction of its tilt; its ya
 holding a fixed yaw drives the wrist into its limit at the far side of the table).
 
 The grasp pinches the bowl's wall: the grasp point is the object's centre shifted by the rim radius
-along the axis the fingers close on (the hand's y axis, in the table plane). While carrying, the placement target follows
-the live object position (target minus object), so a grasp that slipped still lands centred.
+along the axis the fingers close on (the hand's y axis, in the table plane). While carrying, the
+placement target follows the live object position (target minus object), so a grasp that slipped
+still lands centred.
 
 The grasp side (either end of the finger axis) is the one away from the nearest other
 movable object, whose wall would otherwise block the outer finger. An object beyond ``far_x``
@@ -20,7 +21,7 @@ movable object, whose wall would otherwise block the outer finger. An object bey
 instead, the hand turned a quarter: pointing down, the arm cannot reach the far walls there (and a
 drawer's sides leave the fingers no room).
 
-- ``expert``: the scripted expert (libero_spatial, 10 tasks x 5 init states: see docs/libero-policies.md).
+- ``expert``: the scripted expert (its success rates on libero_spatial: docs/libero-policies.md).
 - ``expert_late_release``: the expert that opens its gripper 8 cm above the target: the object lands
   off the plate or tips more often (a regression for gate demonstrations).
 
@@ -59,7 +60,8 @@ class PickPlaceExpert:
         self.far_x = float(far_x)
         self.integral_gain = float(integral_gain)
         self.rim_radius, self.grasp_depth = float(rim_radius), float(grasp_depth)
-        self.carry_height, self.release_height, self.gain = float(carry_height), float(release_height), float(gain)
+        self.carry_height, self.release_height = float(carry_height), float(release_height)
+        self.gain = float(gain)
         self.reset()
 
     def reset(self) -> None:
@@ -76,7 +78,8 @@ class PickPlaceExpert:
         action = np.zeros(7, dtype=np.float64)
         error = target - eef
         # the OSC arm stops about 1 cm short of a small step: an integral term removes that offset
-        self._integral = np.clip(self._integral + error, -0.05, 0.05) if np.linalg.norm(error) < 0.03 else self._integral
+        if np.linalg.norm(error) < 0.03:
+            self._integral = np.clip(self._integral + error, -0.05, 0.05)
         action[:3] = np.clip(error * self.gain + self._integral * self.integral_gain, -limit, limit)
         # tilt only: bring the gripper's axis to pointing down, leave the yaw where the arm has it
         axis = rotation[:, 2]
@@ -84,9 +87,9 @@ class PickPlaceExpert:
         angle = np.arctan2(np.linalg.norm(tilt), float(np.dot(axis, [0.0, 0.0, -1.0])))
         if np.linalg.norm(tilt) > 1e-9:
             action[3:6] = np.clip(tilt / np.linalg.norm(tilt) * angle / _ROT_SCALE, -0.5, 0.5)
-        if self._axis is not None:  # turn the finger axis onto the chosen one (either end: fingers are symmetric)
-            fingers = rotation[:, 1]
-            yaw = np.arctan2(fingers[0] * self._axis[1] - fingers[1] * self._axis[0], float(np.dot(fingers[:2], self._axis[:2])))
+        if self._axis is not None:  # turn the finger axis onto the chosen one (either end: symmetric fingers)
+            fingers, wanted = rotation[:2, 1], self._axis[:2]
+            yaw = np.arctan2(fingers[0] * wanted[1] - fingers[1] * wanted[0], float(np.dot(fingers, wanted)))
             yaw = (yaw + np.pi / 2) % np.pi - np.pi / 2
             action[5] = np.clip(yaw / _ROT_SCALE, -0.5, 0.5)
         action[6] = gripper
@@ -100,7 +103,8 @@ class PickPlaceExpert:
         if "environment_state" not in observation or "state" not in observation:
             raise ValueError(
                 "the LIBERO expert needs the observation's 'state' and privileged 'environment_state'; "
-                f"it has {sorted(observation)}: build the LIBERO sim with privileged=True (evals/sims/libero.py)")
+                f"it has {sorted(observation)}: build the LIBERO sim with privileged=True "
+                "(evals/sims/libero.py)")
         state = np.asarray(observation["state"], dtype=np.float64).reshape(-1)
         privileged = np.asarray(observation["environment_state"], dtype=np.float64).reshape(-1)
         if state.size != 8 or privileged.size != 9:

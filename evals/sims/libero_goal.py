@@ -1,4 +1,4 @@
-"""Privileged state for LIBERO pick-and-place tasks: which object the goal moves, where to, and where both are.
+"""Privileged state for LIBERO pick-and-place tasks: the goal's object and target, and where they are.
 
 A LIBERO task's BDDL goal names the object to move and its destination, e.g. ``(On akita_black_bowl_1
 plate_1)``; the environment parses it into ``parsed_problem["goal_state"]`` (``[['on', obj, target]]``).
@@ -25,7 +25,8 @@ import numpy as np
 
 __all__ = ["ENVIRONMENT_STATE_NAMES", "ENVIRONMENT_STATE_SIZE", "environment_state", "goal_pair"]
 
-ENVIRONMENT_STATE_NAMES = tuple(f"{part}_{axis}" for part in ("object", "target", "obstacle") for axis in "xyz")
+ENVIRONMENT_STATE_NAMES = tuple(f"{part}_{axis}" for part in ("object", "target", "obstacle")
+                                for axis in "xyz")
 ENVIRONMENT_STATE_SIZE = len(ENVIRONMENT_STATE_NAMES)
 
 # goal predicates that mean "move OBJECT onto/into TARGET"
@@ -73,4 +74,5 @@ def _nearest_other(env, pair: tuple[str, str], obj_pos: np.ndarray) -> np.ndarra
 def environment_state(env, pair: tuple[str, str]) -> np.ndarray:
     """The float32[9] privileged vector (object, target, nearest other object) of the table above."""
     obj_pos = _position(env, pair[0])
-    return np.concatenate([obj_pos, _position(env, pair[1]), _nearest_other(env, pair, obj_pos)]).astype(np.float32)
+    parts = [obj_pos, _position(env, pair[1]), _nearest_other(env, pair, obj_pos)]
+    return np.concatenate(parts).astype(np.float32)
