@@ -60,16 +60,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Record into this folder and keep it (default: a temporary folder)")
     parser.add_argument("--reuse-dataset", action="store_true",
                         help="Train on an existing --dataset-dir instead of recording it again")
-    parser.add_argument("--episodes", type=int, default=20, help="Demonstrations per task")
+    parser.add_argument("--episodes", type=int, default=8, help="Demonstrations per task")
     parser.add_argument("--first-seed", type=int, default=10, help="First demonstration init state")
     parser.add_argument("--workers", type=int, default=2, help="-n and --hud-width of the recording run")
-    parser.add_argument("--steps", type=int, default=4000, help="Training updates for the final checkpoint")
-    parser.add_argument("--early-steps", type=int, default=200,
+    parser.add_argument("--steps", type=int, default=2000, help="Training updates for the final checkpoint")
+    parser.add_argument("--early-steps", type=int, default=100,
                         help="Training updates for the early checkpoint")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--eval-episodes", type=int, default=5, help="Held-out init states per task (0..N-1)")
-    parser.add_argument("--eval-tasks", default="all", help="Tasks to evaluate: 'all' or indexes, e.g. 0,4,8")
+    parser.add_argument("--eval-episodes", type=int, default=2, help="Held-out init states per task (0..N-1)")
+    parser.add_argument("--eval-tasks", default="all", help="Tasks to evaluate: 'all' or indexes, e.g. 0,8")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (fixed for reproducibility)")

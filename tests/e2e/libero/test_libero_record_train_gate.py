@@ -90,5 +90,5 @@ def test_the_checkpoint_script_refuses_a_dataset_folder_it_would_delete_and_seed
     assert "already exists and is not empty: nothing is deleted" in refused("--dataset-dir", str(kept))
     assert (kept / "notes.txt").read_text() == "precious"
     assert "must stay within LIBERO's 50 init states" in refused("--first-seed", "40", "--episodes", "20")
-    assert "--early-steps (200) must be between 1 and --steps (10)" in refused("--steps", "10")
+    assert "--early-steps (100) must be between 1 and --steps (10)" in refused("--steps", "10")
     assert not (tmp_path / "out").exists()
