@@ -50,7 +50,8 @@ def test_environment_state_is_object_target_and_the_nearest_other_object():
     state = goal.environment_state(env, ("bowl", "plate"))
     assert state.dtype == np.float32 and state.shape == (goal.ENVIRONMENT_STATE_SIZE,) == (9,)
     np.testing.assert_allclose(state, [0, 0, 0.9, 0.1, 0.2, 0.9, 0.05, -0.06, 0.92], atol=1e-6)
-    alone = goal.environment_state(_scene({"bowl": (0.0, 0.1, 0.9), "plate": (0.1, 0.2, 0.9)}), ("bowl", "plate"))
+    pair_only = _scene({"bowl": (0.0, 0.1, 0.9), "plate": (0.1, 0.2, 0.9)})
+    alone = goal.environment_state(pair_only, ("bowl", "plate"))
     np.testing.assert_allclose(alone[6:], alone[:3])  # no other object: the object itself
     with pytest.raises(ValueError, match="no body or site named 'cup'"):
         goal.environment_state(env, ("cup", "plate"))
