@@ -44,12 +44,14 @@ def train(
     on_step: Callable[[int, Any, Any, Any], None] | None = None,
     log_every: int = 50,
     preload: bool = False,
+    episodes: list[int] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Train ``config`` on the LeRobot dataset at ``dataset_root``; returns (policy, pre, post).
 
     ``adapt_stats(stats)`` may change the normalization stats before the processors are built;
     ``prepare(policy, preprocessor)`` runs before the optimizer is made (freeze parameters, add a
     processor step); ``on_step(step, policy, pre, post)`` runs after every update (snapshots).
+    ``episodes`` trains on those dataset episodes only (e.g. the successful ones).
     """
     import torch
     from accelerate import Accelerator
@@ -63,7 +65,7 @@ def train(
     from lerobot.utils.random_utils import set_seed
 
     train_config = TrainPipelineConfig(
-        dataset=DatasetConfig(repo_id=repo_id, root=str(dataset_root)),
+        dataset=DatasetConfig(repo_id=repo_id, root=str(dataset_root), episodes=episodes),
         policy=config,
         seed=seed,
         batch_size=batch_size,

@@ -56,7 +56,13 @@ multi-env process are bit-identical to the same episode run alone (``tests/e2e/l
 
 Factory (bridge target): ``libero.py:libero`` with build arguments ``suite`` ("libero_spatial"),
 ``cameras`` (True), ``size`` (256), ``max_episode_steps`` (the suite's limit), ``stop_on_success``
-(True), ``cache_size`` (envs kept per slot; 2 with cameras, 4 without).
+(True), ``cache_size`` (envs kept per slot; 2 with cameras, 4 without), ``privileged`` (False).
+
+**Privileged state** (``privileged=True``, pick-and-place goals such as libero_spatial's): the
+observation also carries ``environment_state`` float32[9], live world positions of the goal's object,
+its target and the nearest other object (``libero_goal.py`` next to this file). It is what the
+scripted expert ``evals/policies/libero_expert.py`` acts on and what the state-only ACT in
+``evals/checkpoints/libero_spatial_act`` was trained on; a task whose goal places nothing is refused.
 """
 
 from __future__ import annotations
@@ -265,6 +271,22 @@ def _close_at_exit(env: LiberoTask) -> None:
     _RENDERING.add(env)
 
 
+@cache
+def _goal_module() -> Any:
+    """``libero_goal.py`` next to this file (privileged state), however this file was imported."""
+    import importlib.util
+    import sys
+
+    module = sys.modules.get("libero_goal")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("libero_goal", os.path.join(os.path.dirname(__file__),
+                                                                                  "libero_goal.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["libero_goal"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
 class LiberoTask(gym.Env):
     """One LIBERO task as a gymnasium env whose reset seed is the official init state index.
 
@@ -281,7 +303,7 @@ class LiberoTask(gym.Env):
 
     def __init__(self, suite: str = "libero_spatial", task: str = "task_00", cameras: bool = True,
                  size: int = 256, max_episode_steps: int | None = None, stop_on_success: bool = True,
-                 own_context: bool = True) -> None:
+                 own_context: bool = True, privileged: bool = False) -> None:
         base = base_suite(suite)
         index = _index(suite, task)
         if int(size) < 8:
@@ -314,6 +336,14 @@ class LiberoTask(gym.Env):
         if self.cameras:
             for name in CAMERAS:
                 features[name] = spaces.Box(0, 255, shape=(self.size, self.size, 3), dtype=np.uint8)
+        # --- privileged state (scripted experts and the state-only policies trained on them) ---
+        self.privileged = bool(privileged)
+        if self.privileged:
+            goal = _goal_module()
+            self._goal = goal.goal_pair(self.env.env.parsed_problem)
+            features["environment_state"] = spaces.Box(-np.inf, np.inf, shape=(goal.ENVIRONMENT_STATE_SIZE,),
+                                                       dtype=np.float32)
+        # --- end privileged state ---
         self.observation_space = spaces.Dict(features)
         self.action_space = spaces.Box(-1.0, 1.0, shape=(7,), dtype=np.float32)
         self._seed = 0
@@ -353,6 +383,8 @@ class LiberoTask(gym.Env):
         if self.cameras:
             for name in CAMERAS:
                 obs[name] = np.ascontiguousarray(raw[name][::-1, ::-1])  # rotated 180 degrees, as openpi
+        if self.privileged:  # object, target and nearest other object positions (libero_goal.py)
+            obs["environment_state"] = _goal_module().environment_state(self.env.env, self._goal)
         return obs
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -398,7 +430,8 @@ class LiberoTask(gym.Env):
 
 
 def libero(num_envs: int, suite: str = "libero_spatial", cameras: bool = True, size: int = 256,
-           max_episode_steps: int | None = None, stop_on_success: bool = True, cache_size: int | None = None):
+           max_episode_steps: int | None = None, stop_on_success: bool = True, cache_size: int | None = None,
+           privileged: bool = False):
     """Bridge target: one multi-task bridge of ``num_envs`` slots over the tasks of ``suite``.
 
     Envs are built when a slot first runs a task (6-7 s each), then cached per slot (``cache_size``).
@@ -413,7 +446,7 @@ def libero(num_envs: int, suite: str = "libero_spatial", cameras: bool = True, s
 
     def make_env(task: str) -> LiberoTask:
         return LiberoTask(suite, task, cameras=cameras, size=size, max_episode_steps=max_episode_steps,
-                          stop_on_success=stop_on_success)
+                          stop_on_success=stop_on_success, privileged=privileged)
 
     sim = MultiTaskSim(num_envs, tasks, make_env, cache_size=cache_size)
     # TEMPORARY (until MultiTaskSim delivers per-task instructions as prompts): claims carry
