@@ -54,10 +54,9 @@ pytestmark = pytest.mark.hud(sim=f"{SIM}:libero", policy=f"{HERE / 'policies' / 
 
 
 def _run(shared_sim, robot_agent, suite, task, seed):
-    # TEMPORARY: the claim carries the instruction as its prompt until the bridge delivers per-task
-    # instructions itself (the sim already lists them as sim.instructions)
+    # the bridge prompts the claim with the task's instruction (the sim declares them)
     instruction = _sim_module().instruction(suite, task)
-    result = robot_agent.run(shared_sim.episode(seed=seed, task=task, prompt=instruction))
+    result = robot_agent.run(shared_sim.episode(seed=seed, task=task))
     assert result.prompt == instruction
     return result
 

@@ -77,7 +77,8 @@ pytestmark = pytest.mark.hud(
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_expert(shared_sim, robot_agent, task, seed):
-    result = robot_agent.run(shared_sim.episode(seed=seed, task=task, prompt=INSTRUCTIONS[task]))
+    result = robot_agent.run(shared_sim.episode(seed=seed, task=task))
+    assert result.prompt == INSTRUCTIONS[task]  # the bridge prompts each claim with its task's instruction
     assert result.success, f"{task} ({INSTRUCTIONS[task]}) not solved in {result.steps} steps"
 
 
@@ -87,5 +88,5 @@ def test_expert(shared_sim, robot_agent, task, seed):
 def test_act(shared_sim, robot_agent, task, seed):
     if importlib.util.find_spec("lerobot") is None:
         pytest.skip("LeRobot is not installed: pip install 'pytest-hud[lerobot]'")
-    result = robot_agent.run(shared_sim.episode(seed=seed, task=task, prompt=INSTRUCTIONS[task]))
+    result = robot_agent.run(shared_sim.episode(seed=seed, task=task))
     assert result.success, f"{task} ({INSTRUCTIONS[task]}) not solved in {result.steps} steps"

@@ -39,8 +39,8 @@ xyz, delta axis-angle, gripper: -1 open, +1 closed), 20 Hz.
 LIBERO's datasets and openpi's example give policies. For a LIBERO-PRO suite: the BDDL file's
 ``:language`` field (``env.language_instruction``) when LIBERO-PRO changed it (``_lan``, ``_task``),
 else the base text (so ``_object``/``_swap`` change the scene only). ``instruction(suite, task)``
-gives it; the sim carries them as ``sim.instructions``. Until the bridge delivers per-task
-instructions itself, a claim carries it as its prompt (see ``evals/test_libero.py``).
+gives it; the sim declares them (``MultiTaskSim(..., instructions=...)``), so the bridge prompts
+every claim without a prompt of its own with its task's instruction.
 
 **Success** is LIBERO's ``env.check_success()`` after each policy step; the first success ends the
 episode (``stop_on_success``). **Step limits** (``MAX_STEPS``) are openpi's LIBERO example's
@@ -435,7 +435,7 @@ def libero(num_envs: int, suite: str = "libero_spatial", cameras: bool = True, s
     """Bridge target: one multi-task bridge of ``num_envs`` slots over the tasks of ``suite``.
 
     Envs are built when a slot first runs a task (6-7 s each), then cached per slot (``cache_size``).
-    ``sim.instructions`` maps each task to its instruction.
+    ``sim.instructions`` maps each task to its instruction, the prompt of every claim without one.
     """
     from pytest_hud.sim import MultiTaskSim
 
@@ -448,8 +448,5 @@ def libero(num_envs: int, suite: str = "libero_spatial", cameras: bool = True, s
         return LiberoTask(suite, task, cameras=cameras, size=size, max_episode_steps=max_episode_steps,
                           stop_on_success=stop_on_success, privileged=privileged)
 
-    sim = MultiTaskSim(num_envs, tasks, make_env, cache_size=cache_size)
-    # TEMPORARY (until MultiTaskSim delivers per-task instructions as prompts): claims carry
-    # instruction(suite, task) as their prompt; this mapping is what that mechanism will take.
-    sim.instructions = {task: instruction(suite, task) for task in tasks}
-    return sim
+    return MultiTaskSim(num_envs, tasks, make_env, cache_size=cache_size,
+                        instructions={task: instruction(suite, task) for task in tasks})
