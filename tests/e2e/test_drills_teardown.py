@@ -194,7 +194,7 @@ def test_no_bridge_or_secret_outlives_an_interrupted_or_killed_controller(tmp_pa
         assert not list(tmp.rglob("bridge-*.json"))
         if sig == signal.SIGINT:
             assert remaining is None  # an orderly stop removes the whole dir
-            assert any("KeyboardInterrupt" in line or "Interrupted" in line for line in run.lines[-30:])
+            assert any("KeyboardInterrupt" in line or "Interrupted" in line for line in run.lines)  # (the summary may follow it)
     finally:
         run.cleanup()
 
