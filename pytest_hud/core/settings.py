@@ -213,6 +213,7 @@ class HudSettings:
     axis: str | None = None  # "NAME[=REFERENCE],..." (repeatable flag); see the axes property
     # Not options: facts of the run, set by the controller.
     policy_cli: str | None = None  # --hud-policy as given on the command line (beats the marker)
+    axis_cli: bool = False  # the axes came from the command line (a name no test has is a typo there)
     workers: int = 1
     distributed: bool = False
 
@@ -233,7 +234,8 @@ class HudSettings:
                 values[name] = _convert(name, ini[name], f"ini key hud_{name}")
             else:
                 values[name] = opt.default
-        settings = cls(**values, policy_cli=cli.get("policy"), workers=max(1, workers), distributed=distributed)
+        settings = cls(**values, policy_cli=cli.get("policy"), axis_cli=cli.get("axis") is not None,
+                       workers=max(1, workers), distributed=distributed)
         settings.check()
         return settings
 

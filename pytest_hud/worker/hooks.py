@@ -27,7 +27,8 @@ __all__ = ["EPISODE_FIXTURES", "LazyWorker", "WorkerHooks", "declaration", "is_e
 
 EPISODE_FIXTURES = frozenset({"shared_sim", "robot_agent"})
 DESELECTED_KEY = pytest.StashKey[list]()
-SHARD_KEY = pytest.StashKey[dict]()  # --hud-shard: {"index", "count", "suite", "out": set of nodeids}
+# --hud-shard: {"index", "count", "suite", "out": set of nodeids, "out_items": their items}
+SHARD_KEY = pytest.StashKey[dict]()
 
 
 def is_episode_item(item: pytest.Item) -> bool:
@@ -48,7 +49,9 @@ def item_identity(item: pytest.Item) -> dict[str, Any]:
 
 
 def item_axes(item: pytest.Item, settings: HudSettings) -> dict[str, dict[str, Any]]:
-    """The robustness axes of a test item: ``hud_axis`` markers (closest wins per axis), then ``--hud-axis``.
+    """The robustness axes of a test item: ``--hud-axis`` (or ``hud_axis`` in the ini), then ``hud_axis``
+    markers (closest wins per axis); a reference level given with ``--hud-axis NAME=REFERENCE`` on
+    the command line beats the markers'.
 
     Each axis the item's parameters (``parametrize`` or a parametrized fixture) include becomes
     ``{"level", "index", "reference", "task"}``: the parameter's value as text, its position in the
@@ -67,6 +70,8 @@ def item_axes(item: pytest.Item, settings: HudSettings) -> dict[str, dict[str, A
         reference = mark.kwargs.get("reference")
         named[mark.args[0]] = None if reference is None else str(reference)
         marked.add(mark.args[0])
+    if settings.axis_cli:  # a reference given on the command line beats the markers' (as --hud-policy does)
+        named.update({name: reference for name, reference in settings.axes.items() if reference is not None})
     if not named:
         return {}
     callspec = getattr(item, "callspec", None)
@@ -105,7 +110,8 @@ def select_shard(config: pytest.Config, items: list[pytest.Item], settings: HudS
     pairs = [(ident["task"], ident["episode"]) for _, ident in episodes]
     where = partition(pairs, shard.count)
     out = {item.nodeid for item, ident in episodes if where[(ident["task"], ident["episode"])] != shard.index}
-    config.stash[SHARD_KEY] = {"index": shard.index, "count": shard.count, "suite": suite_tasks(pairs), "out": out}
+    config.stash[SHARD_KEY] = {"index": shard.index, "count": shard.count, "suite": suite_tasks(pairs),
+                               "out": out, "out_items": [item for item, _ in episodes if item.nodeid in out]}
     if out:
         items[:] = [item for item in items if item.nodeid not in out]
         config.hook.pytest_deselected(items=[item for item, _ in episodes if item.nodeid in out])
@@ -162,7 +168,8 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     if not declared and not deselected and shard is None:
         return None
     data = {"episodes": declared, "worker": hud.worker, "deselected": deselected}
-    problems = problems_of_items + _policy_problems(used, Path(str(session.config.invocation_params.dir)))
+    problems = (problems_of_items + _axis_problems(session, declared, hud.settings)
+                + _policy_problems(used, Path(str(session.config.invocation_params.dir))))
     if problems:  # the controller makes them a usage error before anything is written
         data["problems"] = problems
     if used:  # the controller hashes them now, once, for every record's identity (run_identity)
@@ -178,6 +185,40 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
     if shard is not None:  # the whole suite too: the gate and the merge need the other shards' episodes
         data["shard"] = {key: shard[key] for key in ("index", "count", "suite")}
     return data
+
+
+def _axis_problems(session: pytest.Session, declared: list[dict[str, Any]],
+                   settings: HudSettings) -> list[str]:
+    """Robustness axes that cannot mean what they say: a typo must not just drop the table.
+
+    A reference level (``hud_axis(..., reference=...)`` or ``--hud-axis NAME=REFERENCE``) that is
+    none of the parameter's values in the collected tests (deselected ones included) is a problem;
+    so is a ``--hud-axis`` name given on the command line that no collected episode test has as a
+    parameter (the ``hud_axis`` ini key applies to the tests that have it, silently).
+    """
+    items = [item for item in session.items if is_episode_item(item)]
+    items += list(session.config.stash.get(DESELECTED_KEY, []))
+    items += session.config.stash[SHARD_KEY]["out_items"] if SHARD_KEY in session.config.stash else []
+    levels: dict[str, set[str]] = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        for name, value in (callspec.params.items() if callspec is not None else ()):
+            levels.setdefault(name, set()).add(str(value))
+    problems = []
+    if settings.axis_cli:
+        for name in settings.axes:
+            if name not in levels:
+                known = ", ".join(sorted(levels)) or "none"
+                problems.append(f"--hud-axis {name!r} names no parameter of the collected tests (their "
+                                f"parameters: {known}); fix the name, or drop the option")
+    references = sorted({(name, axis["reference"]) for ident in declared
+                         for name, axis in ident.get("axes", {}).items() if axis["reference"] is not None})
+    for name, reference in references:
+        if reference not in levels.get(name, ()):
+            values = ", ".join(sorted(levels.get(name, ()))) or "none"
+            problems.append(f"robustness axis {name!r}: the reference level {reference!r} is none of its "
+                            f"values ({values}); name one of them as the reference")
+    return problems
 
 
 def _policy_problems(specs: set[str], here: Path) -> list[str]:

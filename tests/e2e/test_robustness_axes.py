@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from pytest_hud.core.results import load_results
+
 pytestmark = pytest.mark.timeout(240)
 
 SIMS = '''
@@ -22,6 +24,7 @@ class NoisyCartPole(gym.Wrapper):
     def __init__(self, sigma, max_episode_steps):
         super().__init__(gym.make("CartPole-v1", max_episode_steps=max_episode_steps))
         self.sigma = float(sigma)
+        self.hud_instruction = f"balance with noise {self.sigma:g}"  # each level's prompt says its noise
         self.rng = np.random.default_rng(0)
 
     def _noisy(self, obs):
@@ -46,6 +49,20 @@ POLICIES = '''
 def balance():
     """Pushes the cart under the pole: balances 200 steps from every seed without noise."""
     return lambda obs: int(obs["state"][2] + 0.5 * obs["state"][3] > 0)
+
+
+class BrittleAtLow:
+    """A checkpoint that regressed at one level only: the same as balance, except that under the
+    instruction of the 0.05 noise level it pushes left at every step (and drops the pole)."""
+
+    def predict(self, observation, prompt=None):
+        if prompt == "balance with noise 0.05":
+            return 0
+        return int(observation["state"][2] + 0.5 * observation["state"][3] > 0)
+
+
+def brittle_at_low():
+    return BrittleAtLow()
 '''
 
 # The level is a parametrized fixture whose params carry the hud marker that picks the sim's build:
@@ -132,3 +149,41 @@ def test_balance(shared_sim, robot_agent, noise):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*hud_axis('nosie') names no parameter of this test (its parameters: noise)*"])
+
+
+def test_the_gate_holds_each_level_to_its_own_baseline(project: pytest.Pytester) -> None:
+    base = project.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2",
+                                        "--hud-results=base.jsonl", timeout=200)
+    assert base.ret == 1, base.stdout.str()  # the high level's failed episodes (no gate yet)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2",
+                                          "--hud-policy=policies:brittle_at_low", "--hud-baseline=base.jsonl",
+                                          "--hud-results=candidate.jsonl", timeout=200)
+    out = result.stdout.str()
+    assert result.ret == 1, out
+    verdicts = {g["task"]: g for g in load_results(project.path / "candidate.jsonl").summary["gate"]}
+    task = "test_suite.py::test_balance[noise={}]".format
+    assert verdicts[task("low")]["verdict"] == "regression", verdicts[task("low")]
+    assert verdicts[task("low")]["current_rate"] == 0 and verdicts[task("low")]["n_current"] == 10
+    assert verdicts[task("low")]["test"] == "paired-mcnemar"
+    # the other levels are the same episodes as in their baselines: not regressions
+    for level in ("none", "high"):
+        assert verdicts[task(level)]["verdict"] in ("pass", "inconclusive"), verdicts[task(level)]
+    # and the sensitivity table of this run sees the collapse at its level
+    assert "robustness: noise: significantly worse than none: low" in out
+
+
+def test_a_hud_axis_typo_or_an_unknown_reference_is_a_usage_error(project: pytest.Pytester) -> None:
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--hud-axis=nosie", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--hud-axis 'nosie' names no parameter of the collected tests"
+                                 " (their parameters: noise, seed)*"])
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--hud-axis=noise=nnone", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*robustness axis 'noise': the reference level 'nnone' is none of its "
+                                 "values (high, low, none)*"])
+    # a marker's reference as well; deselected levels still count as values (-k)
+    project.makepyfile(test_suite=SUITE.replace('reference="none"', 'reference="zero"'))
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-k", "high", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*the reference level 'zero' is none of its values (high, low, none)*"])
+    assert not (project.path / "hud-results.jsonl").exists()

@@ -37,6 +37,18 @@ def test_identity_separates_the_episode_parameter_from_the_task():
                                                      "nodeid": "t.py::test_z"}
 
 
+def test_long_parameter_values_that_share_a_prefix_stay_two_tasks():
+    # robustness levels and build strings are often long and alike; the gate pairs by task id
+    a = "perturbation_object_positions_shifted_by_2cm_left"
+    b = "perturbation_object_positions_shifted_by_2cm_right"
+    task_a = episode_identity("t.py::test_p[0-a]", {"seed": 0, "level": a})["task"]
+    task_b = episode_identity("t.py::test_p[0-b]", {"seed": 0, "level": b})["task"]
+    assert task_a != task_b
+    assert task_a == episode_identity("t.py::test_p[1-a]", {"seed": 1, "level": a})["task"]  # stable
+    assert len(task_a) < len("t.py::test_p[level=]") + len(a)  # still cut to keep tables readable
+    assert episode_identity("t.py::test_p[0]", {"seed": 0, "level": "x" * 40})["task"].endswith("x" * 40 + "]")
+
+
 def test_skip_reasons_come_from_the_report():
     assert skip_reason(("t.py", 3, "Skipped: LeRobot is not installed")) == "LeRobot is not installed"
     assert skip_reason(None) is None
