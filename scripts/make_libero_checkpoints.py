@@ -8,7 +8,7 @@
 2. **Train**: one small state-only ACT for the ten tasks, on the CPU, with LeRobot's own training
    step (``scripts/lerobot_training.py``), on the expert's *successful* episodes only; a snapshot
    after ``--early-steps`` updates is kept.
-3. **Save** (policy + processors, no optimizer state, about 1 MB each)::
+3. **Save** (policy + processors, no optimizer state, about 3.4 MB each)::
 
        evals/checkpoints/libero_spatial_act/early/   an earlier snapshot of the same run: clearly worse
        evals/checkpoints/libero_spatial_act/final/   the trained policy

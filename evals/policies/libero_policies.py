@@ -24,7 +24,8 @@ class Hold:
     def predict(self, observation, prompt=None) -> np.ndarray:
         if not prompt or re.fullmatch(r"task_\d+", prompt):
             raise ValueError(f"a LIBERO policy needs the task's instruction as its prompt, got {prompt!r}; "
-                             "claim with prompt=instruction(suite, task) (evals/sims/libero.py)")
+                             "the LIBERO sim declares each task's instruction (evals/sims/libero.py): "
+                             "claim a task of its suite, or pass prompt= with the text")
         if np.shape(observation["state"]) != (8,) or np.shape(observation["proprio"]) != (39,):
             raise ValueError(f"expected an 8-d state and a 39-d proprio, got "
                              f"{np.shape(observation['state'])} and {np.shape(observation['proprio'])}")

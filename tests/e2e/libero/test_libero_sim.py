@@ -135,3 +135,53 @@ def test_a_real_bridge_serves_a_pro_suite_with_its_tasks_seeds_and_perturbed_ins
             assert result["prompt"] == reworded
     finally:
         stop(proc)
+
+
+PROBE = '''
+import json
+import os
+
+import numpy as np
+
+
+class Probe:
+    """Holds still and writes down every prompt it is given: what the policy itself received."""
+
+    def predict(self, observation, prompt=None):
+        with open(os.environ["PROMPT_LOG"], "a") as log:
+            log.write(json.dumps(prompt) + "\\n")
+        return np.array([0, 0, 0, 0, 0, 0, -1], np.float32)
+
+
+def probe():
+    return Probe()
+'''
+
+PROBED_SUITE = '''
+import pytest
+
+SUITES = ("libero_spatial", "libero_spatial_lan", "libero_spatial_task")
+pytestmark = pytest.mark.hud(sim={sim!r} + ":libero", policy="probe_policy:probe", max_steps=2)
+
+
+@pytest.mark.parametrize("suite", [
+    pytest.param(s, marks=pytest.mark.hud(build={{"suite": s, "cameras": False}})) for s in SUITES])
+def test_probe(shared_sim, robot_agent, suite):
+    assert robot_agent.run(shared_sim.episode(seed=0, task="task_01")).steps == 2
+'''
+
+
+def test_the_policy_receives_each_pro_suites_perturbed_instruction(pytester, monkeypatch):
+    """Under ``_lan`` and ``_task`` the policy is given LIBERO-PRO's new text, not the base task's."""
+    log = pytester.path / "prompts.jsonl"
+    monkeypatch.setenv("PROMPT_LOG", str(log))
+    pytester.makepyfile(probe_policy=PROBE, test_probed=PROBED_SUITE.format(sim=str(SIM)))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", timeout=500)
+    assert result.ret == 0, result.stdout.str()
+    received = {json.loads(line) for line in log.read_text().splitlines()}
+    expected = {suite: hud_libero.instruction(suite, "task_01")
+                for suite in ("libero_spatial", "libero_spatial_lan", "libero_spatial_task")}
+    assert received == set(expected.values())
+    # the reworded and the new goal's texts are not the base task's (which LIBERO-PRO's task.language keeps)
+    assert len(set(expected.values())) == 3
+    assert not any(text.startswith("task_") for text in received)
