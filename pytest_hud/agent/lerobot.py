@@ -2,7 +2,7 @@
 
 (Over 400 lines on purpose: LeRobot's factory, processors, feature mapping and chunk queue form one seam; each step's errors name both sides.)
 
-A checkpoint is a folder written by LeRobot (0.4.x): ``config.json`` and ``model.safetensors``
+A checkpoint is a folder written by LeRobot (0.4.4 or 0.6.x): ``config.json`` and ``model.safetensors``
 (``PreTrainedPolicy.save_pretrained``) plus the processors saved next to them
 (``policy_preprocessor.json``, ``policy_postprocessor.json`` and their ``.safetensors`` stats).
 :class:`LeRobotPolicy` loads all of it offline with LeRobot's own loaders and answers the Model seam:
