@@ -30,11 +30,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-VENDOR_DIRS = ("/usr/share/glvnd/egl_vendor.d", "/etc/glvnd/egl_vendor.d", "/usr/local/share/glvnd/egl_vendor.d")
+VENDOR_DIRS = ("/usr/share/glvnd/egl_vendor.d", "/etc/glvnd/egl_vendor.d", "/usr/local/share/glvnd/egl_vendor.d",
+               "/usr/local/nvidia/share/glvnd/egl_vendor.d")  # the driver's own, as containers mount it
 
 
 def vendor_file(name: str) -> str | None:
-    """The EGL vendor file whose name contains ``name`` (``nvidia``, ``mesa``), or None."""
+    """The EGL vendor file whose name contains ``name`` (``nvidia``, ``mesa``), or None.
+
+    A file named by ``__EGL_VENDOR_LIBRARY_FILENAMES`` (or ``HUD_NVIDIA_EGL_VENDOR``) comes first.
+    """
+    given = os.environ.get("__EGL_VENDOR_LIBRARY_FILENAMES", "").split(":")
+    for path in [*given, os.environ.get("HUD_NVIDIA_EGL_VENDOR", "")]:
+        if name in os.path.basename(path).lower() and os.path.isfile(path):
+            return path
     for folder in VENDOR_DIRS:
         try:
             for entry in sorted(os.listdir(folder)):
@@ -165,12 +173,16 @@ def main() -> None:
                     rows.append(row)
                     shown = row.get("error") or f"{row['fps']:.1f} frames/s ({row['gl_renderer']})"
                     print(f"# {env_id} {name} {size}px {quality}: {shown}", flush=True)
-    text = table(rows)
-    print(text, flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_render.json").write_text(json.dumps(rows, indent=2))
-        (args.out / "gpu_render.md").write_text(text + "\n")
+                    save(args.out, rows)  # after every row: a run cut short keeps what it measured
+    print(table(rows), flush=True)
+
+
+def save(out: Path | None, rows: list[dict[str, Any]]) -> None:
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_render.json").write_text(json.dumps(rows, indent=2))
+    (out / "gpu_render.md").write_text(table(rows) + "\n")
 
 
 def table(rows: list[dict[str, Any]]) -> str:

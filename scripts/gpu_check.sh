@@ -10,17 +10,26 @@
 # packages, the `pip install` that it then tries (and explains how to avoid when it fails).
 #
 # Python: $HUD_GPU_PYTHON, else .venv-gpu/bin/python, else python3, whichever first imports
-# torch, lerobot, gymnasium, mujoco, websockets and msgpack; pytest_hud is taken from this checkout.
+# torch, lerobot, diffusers, gymnasium, mujoco, websockets and msgpack; pytest_hud is taken from this
+# checkout. On a machine with no network (the lent GPU machines): `scripts/gpu_wheels.sh`, run
+# where pip reaches PyPI, puts what such a machine's Python lacks into .whl/part-N/; carry the parts
+# (one per call where they do not travel together; `--install-only` for all but the last) and
+# .gl/ (Debian's EGL/GL packages, where the machine has no libEGL): this script installs the wheels
+# with --no-index into .hud-site/ (kept between calls) before it looks for a Python.
+#
+#   scripts/gpu_check.sh --install-only  # only add the carried wheels to .hud-site/, then stop
 set -uo pipefail
 
 DEVICE=cuda
 QUICK=()
+INSTALL_ONLY=0
 for arg in "$@"; do
   case "$arg" in
     --cpu) DEVICE=cpu ;;
     --quick) QUICK=(--quick) ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument $arg (use --cpu, --quick)" >&2; exit 2 ;;
+    --install-only) INSTALL_ONLY=1 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $arg (use --cpu, --quick, --install-only)" >&2; exit 2 ;;
   esac
 done
 
@@ -36,7 +45,30 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 SDL_VIDEODRIVER=dummy TOKENIZERS_PARALLELISM=false
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
 
-NEEDED="torch lerobot.policies gymnasium mujoco websockets msgpack numpy pytest_hud"
+# Carried packages first: Debian's GL/EGL libraries (.gl/*.deb) and wheels (.whl/*.whl), no network.
+if compgen -G "$ROOT/.gl/*.deb" >/dev/null && [ "$(id -u)" -eq 0 ]; then
+  for deb in "$ROOT"/.gl/*.deb; do dpkg -x "$deb" / >>"$LOG" 2>&1; done
+  ldconfig >>"$LOG" 2>&1
+  say "# unpacked $(ls "$ROOT"/.gl/*.deb | wc -l) carried GL packages"
+fi
+SITE="$ROOT/.hud-site"
+mapfile -t WHEELS < <(find "$ROOT/.whl" -type f -name '*.whl' 2>/dev/null | sort)
+if [ "${#WHEELS[@]}" -gt 0 ]; then
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+       "${WHEELS[@]}" >>"$LOG" 2>&1; then
+    say "# installed ${#WHEELS[@]} carried wheels into $SITE"
+  else
+    say "gpu_check.sh: the carried wheels in .whl/ did not install (pip's output is in $LOG)"
+  fi
+fi
+[ -d "$SITE" ] && export PYTHONPATH="$PYTHONPATH:$SITE"
+if [ "$INSTALL_ONLY" -eq 1 ]; then say "# --install-only: done"; exit 0; fi
+# NVIDIA's EGL vendor file where the lent machines keep it (the driver's read-only mount)
+for vendor in /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json; do
+  [ -f "$vendor" ] && export HUD_NVIDIA_EGL_VENDOR="$vendor"
+done
+
+NEEDED="torch lerobot.policies diffusers gymnasium mujoco websockets msgpack numpy pytest_hud"
 missing() {  # the modules of $NEEDED that python $1 cannot import (empty: all good)
   "$1" - "$NEEDED" <<'EOF' 2>/dev/null || echo "(python does not run)"
 import importlib, sys
@@ -68,9 +100,10 @@ if [ -z "$PY" ]; then
     exit 3
   fi
   say "# installing into $ROOT/.venv-gpu with $BASE (pip install -e '.[lerobot,test]' 'gymnasium[mujoco]')"
-  CONSTRAINTS=()
-  if "$BASE" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then CONSTRAINTS=(-c constraints/lerobot.txt); fi
-  if ! { "$BASE" -m venv "$ROOT/.venv-gpu" \
+  # LeRobot 0.6.1 on Python >= 3.12, 0.4.4 on 3.11; the venv sees the machine's own torch
+  CONSTRAINTS=(-c constraints/lerobot.txt)
+  if "$BASE" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then CONSTRAINTS=(-c constraints/lerobot-0.4.txt); fi
+  if ! { "$BASE" -m venv --system-site-packages "$ROOT/.venv-gpu" \
          && "$ROOT/.venv-gpu/bin/python" -m pip install -q -e ".[lerobot,test]" "gymnasium[mujoco]" "${CONSTRAINTS[@]}"; } >>"$LOG" 2>&1; then
     say "gpu_check.sh: could not install the packages (no network?; pip's output is in $LOG)."
     say "  Fix: run where pip can reach PyPI, or point HUD_GPU_PYTHON at a Python that imports: $NEEDED"
