@@ -150,8 +150,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "hud_axis(parameter, reference=None): the parameter's values are robustness levels; the summary "
-        "tests each against the reference level (default: the first value) in a sensitivity table",
+        "hud_axis(parameter, reference=None, paired=True): the parameter's values are robustness levels; the "
+        "summary tests each against the reference level (default: the first value) in a sensitivity table "
+        "(paired=False: a seed is not the same initial state at every level, so the tests are unpaired)",
     )
     if hasattr(config, "workerinput"):
         hud = config.workerinput.get("hud")

@@ -13,7 +13,9 @@ unit that pairs episodes across levels: the same task, the same episode id, anot
 that has it, and optionally one per task. A row per level: graded episodes, successes, the rate and
 its 95% Wilson interval, errors, the difference from the reference's rate, and the exact one-sided
 test of :func:`pytest_hud.stats.compare_levels` (paired McNemar when the levels ran the same episodes,
-else Boschloo), Holm-adjusted over the table's levels, with a flag for the levels significantly worse.
+else Boschloo; always Boschloo for an axis marked ``paired=False``, whose records say
+``"paired": false``), Holm-adjusted over the table's levels, with a flag for the levels significantly
+worse.
 """
 
 from __future__ import annotations
@@ -115,8 +117,10 @@ def _table(axis: str, reference: str | None, scope: str, entries: list[tuple[Epi
                          + ("" if scope == POOLED else f" in {scope}") + ": the levels are not tested")
     elif problem is None and not graded[reference]:
         table.problem = f"the reference level {reference!r} of axis {axis!r} has no graded episode: the levels are not tested"
+    # an axis whose levels do not share initial states by seed (hud_axis(..., paired=False))
+    paired = all(entry.get("paired", True) for _, entry in entries)
     tests = {} if table.problem else compare_levels(
-        graded[reference], {lv: graded[lv] for lv in levels if lv != reference}, alpha)
+        graded[reference], {lv: graded[lv] for lv in levels if lv != reference}, alpha, paired=paired)
     ref_outcomes = graded.get(reference or "", {})
     ref_rate = sum(ref_outcomes.values()) / len(ref_outcomes) if ref_outcomes else None
     for level in levels:

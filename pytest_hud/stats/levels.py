@@ -16,7 +16,8 @@ Which test, and why:
   fixes the initial state in seeded sims, so the episodes of two levels that share a seed are paired,
   and hard initial states fail at every level; conditioning on the discordant pairs removes that
   seed-to-seed variance and is exact with no nuisance parameter. The unmatched few are dropped.
-- **Unpaired, Boschloo's exact test** otherwise (other seeds per level, many errors): exact, never
+- **Unpaired, Boschloo's exact test** otherwise (other seeds per level, many errors, or an axis
+  declared ``paired=False``, whose levels do not share initial states by seed): exact, never
   above its level, and uniformly more powerful than Fisher's exact test, whose p-value it never
   exceeds (Fisher conditions on the total successes and is conservative at the small n of an eval).
 
@@ -76,11 +77,11 @@ class LevelTest:
         return asdict(self)
 
 
-def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool]) -> LevelTest:
+def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool], paired: bool = True) -> LevelTest:
     if not ref or not cur:
         return LevelTest(level, "none", False, None, None, None, False)
     shared = set(ref) & set(cur)
-    if shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(ref), len(cur)):
+    if paired and shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(ref), len(cur)):
         worse = sum(1 for k in shared if ref[k] and not cur[k])
         better = sum(1 for k in shared if cur[k] and not ref[k])
         return LevelTest(level, "paired-mcnemar", True, (worse - better) / len(shared),
@@ -91,18 +92,20 @@ def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool])
 
 
 def compare_levels(reference: Mapping[Hashable, bool], levels: Mapping[str, Mapping[Hashable, bool]],
-                   alpha: float = 0.05) -> dict[str, LevelTest]:
+                   alpha: float = 0.05, paired: bool = True) -> dict[str, LevelTest]:
     """Each level of ``levels`` against ``reference``, Holm-adjusted over the levels that were tested.
 
     ``reference`` and each level map an episode key to success (graded episodes only: errors and
     skips are left out by the caller). Returns a :class:`LevelTest` per level, in the given order.
+    ``paired=False`` says that a key does not fix the same initial state at every level (a variant
+    suite with initial states of its own): every level is then tested unpaired.
 
         >>> compare_levels({"a": True}, {"x": {}})["x"].test
         'none'
     """
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha={alpha} must be strictly between 0 and 1")
-    tests = {name: _one(name, reference, outcomes) for name, outcomes in levels.items()}
+    tests = {name: _one(name, reference, outcomes, paired) for name, outcomes in levels.items()}
     adjusted = holm_adjusted({name: t.p_value for name, t in tests.items() if t.p_value is not None})
     out: dict[str, LevelTest] = {}
     for name, t in tests.items():

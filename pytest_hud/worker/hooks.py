@@ -56,20 +56,25 @@ def item_axes(item: pytest.Item, settings: HudSettings) -> dict[str, dict[str, A
     Each axis the item's parameters (``parametrize`` or a parametrized fixture) include becomes
     ``{"level", "index", "reference", "task"}``: the parameter's value as text, its position in the
     parameter's list, the reference level (None: the first value), and the task without this axis
-    (what pairs episodes across levels; :mod:`pytest_hud.core.sensitivity`). Raises ``ValueError``
+    (what pairs episodes across levels; :mod:`pytest_hud.core.sensitivity`), plus ``"paired": False``
+    for a marker that says its levels share no initial states by seed. Raises ``ValueError``
     when a marker names a parameter the test does not have.
     """
     from pytest_hud.core.outcome import episode_identity
 
     named: dict[str, str | None] = dict(settings.axes)
     marked: set[str] = set()
+    unpaired: set[str] = set()
     for mark in reversed(list(item.iter_markers("hud_axis"))):
-        if len(mark.args) != 1 or not isinstance(mark.args[0], str) or set(mark.kwargs) - {"reference"}:
+        if (len(mark.args) != 1 or not isinstance(mark.args[0], str) or set(mark.kwargs) - {"reference", "paired"}
+                or not isinstance(mark.kwargs.get("paired", True), bool)):
             raise ValueError(f"{item.nodeid}: write the marker as @pytest.mark.hud_axis(\"PARAMETER\", "
-                             f"reference=\"LEVEL\"), got hud_axis(*{mark.args!r}, **{mark.kwargs!r})")
+                             f"reference=\"LEVEL\", paired=True|False), got hud_axis(*{mark.args!r}, "
+                             f"**{mark.kwargs!r})")
         reference = mark.kwargs.get("reference")
         named[mark.args[0]] = None if reference is None else str(reference)
         marked.add(mark.args[0])
+        (unpaired.add if mark.kwargs.get("paired", True) is False else unpaired.discard)(mark.args[0])
     if settings.axis_cli:  # a reference given on the command line beats the markers' (as --hud-policy does)
         named.update({name: reference for name, reference in settings.axes.items() if reference is not None})
     if not named:
@@ -86,6 +91,8 @@ def item_axes(item: pytest.Item, settings: HudSettings) -> dict[str, dict[str, A
         rest = {k: v for k, v in params.items() if k != name}
         out[name] = {"level": str(params[name]), "index": callspec.indices.get(name), "reference": reference,
                      "task": episode_identity(item.nodeid, rest)["task"]}
+        if name in unpaired:
+            out[name]["paired"] = False
     return out
 
 

@@ -187,3 +187,21 @@ def test_a_hud_axis_typo_or_an_unknown_reference_is_a_usage_error(project: pytes
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*the reference level 'zero' is none of its values (high, low, none)*"])
     assert not (project.path / "hud-results.jsonl").exists()
+
+
+def test_an_axis_whose_seeds_are_not_the_same_scene_is_compared_unpaired(project: pytest.Pytester) -> None:
+    # e.g. benchmark variants that ship initial states of their own: seed s differs between levels
+    project.makepyfile(test_suite=SUITE.replace('reference="none"', 'reference="none", paired=False'))
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2",
+                                          "--hud-results=results.jsonl", timeout=200)
+    lines = result.stdout.lines
+    head = next(i for i, line in enumerate(lines) if line.startswith("robustness: noise (reference none"))
+    rows = {line.split()[0]: line.split() for line in lines[head + 3:head + 6]}
+    assert rows["low"][7] == rows["high"][7] == "unpaired", result.stdout.str()
+    summary = load_results(project.path / "results.jsonl").summary
+    (pooled,) = [t for t in summary["sensitivity"] if t["scope"] == "pooled"]
+    assert {row["level"]: row["test"] for row in pooled["rows"]}["high"] == "unpaired-boschloo"
+    project.makepyfile(test_suite=SUITE.replace('reference="none"', 'reference="none", paired="no"'))
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*paired=True|False*"])

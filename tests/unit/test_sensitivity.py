@@ -61,6 +61,21 @@ def test_levels_that_ran_other_seeds_are_compared_unpaired_with_boschloo():
     assert large.test == "unpaired-boschloo" and large.n_pairs == 0 and large.significantly_worse
 
 
+def test_an_axis_marked_unpaired_is_compared_with_boschloo_even_on_the_same_seeds():
+    # variant suites with initial states of their own: seed s is not the same scene at every level
+    recs = suite({"none": 10, "large": 2})
+    for rec in recs:
+        rec.axes["p"]["paired"] = False
+    (table,) = sensitivity_tables(recs)
+    large = table.rows[1]
+    assert large.test == "unpaired-boschloo" and large.n_pairs == 0
+    paired = sensitivity_tables(suite({"none": 10, "large": 2}))[0].rows[1]
+    assert paired.test == "paired-mcnemar" and paired.p_value == pytest.approx(1 / 2**8)
+    assert large.p_value != paired.p_value and large.significantly_worse
+    ref = {str(s): True for s in range(10)}
+    assert compare_levels(ref, {"x": {str(s): s < 2 for s in range(10)}}, paired=False)["x"].test == "unpaired-boschloo"
+
+
 def test_errors_are_counted_apart_and_not_graded():
     recs = suite({"none": 10, "small": 10}) + [record("small", 10, False, outcome="error")]
     small = sensitivity_tables(recs)[0].rows[1]
