@@ -95,6 +95,13 @@ class Run:
         self._reader.join(5)
         return code
 
+    def output(self, timeout: float = 30.0) -> list[str]:
+        """Every line the run printed: the pipe closes only when the last process holding it (a
+        worker still exiting, on a loaded machine) is gone, so wait for the reader to reach its end."""
+        self._reader.join(timeout)
+        assert not self._reader.is_alive(), "the run's output did not close"
+        return self.lines
+
     def cleanup(self) -> None:
         """Whatever a failed drill left behind (the run's own session only)."""
         try:
@@ -172,7 +179,7 @@ def test_no_bridge_or_secret_outlives_an_interrupted_or_killed_controller(tmp_pa
         assert len(secrets) == 1 and len(bridges_of(run.proc.pid)) == 2
         started = time.monotonic()
         os.kill(run.proc.pid, sig)
-        run.finish(30)
+        code = run.finish(30)
         deadline = time.monotonic() + 30  # bounded, generous: a loaded machine may be slow to reap them
         groups = announced | {run.proc.pid}  # each bridge leads its own session; the run has one too
 
@@ -194,7 +201,9 @@ def test_no_bridge_or_secret_outlives_an_interrupted_or_killed_controller(tmp_pa
         assert not list(tmp.rglob("bridge-*.json"))
         if sig == signal.SIGINT:
             assert remaining is None  # an orderly stop removes the whole dir
-            assert any("KeyboardInterrupt" in line or "Interrupted" in line for line in run.lines)  # (the summary may follow it)
+            lines = run.output()
+            assert any("KeyboardInterrupt" in line or "Interrupted" in line for line in lines), \
+                f"exit code {code}; the run's last lines:\n" + "\n".join(lines[-40:])  # (the summary may follow it)
     finally:
         run.cleanup()
 
