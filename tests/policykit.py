@@ -6,14 +6,21 @@ numpy only: the server tests run in the core environment, without torch.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
+import msgpack
 import numpy as np
+import websockets
+from websockets.asyncio.server import serve
+from websockets.frames import CloseCode
 
 from conftest import launch
 
@@ -119,3 +126,60 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.02)
     return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------- openpi wire
+def openpi_pack(obj):
+    """openpi-client 0.1.2's ``msgpack_numpy.pack_array`` hook, as it behaves on the wire."""
+    if isinstance(obj, np.ndarray):
+        return {b"__ndarray__": True, b"data": obj.tobytes(), b"dtype": obj.dtype.str, b"shape": obj.shape}
+    if isinstance(obj, np.generic):
+        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
+    return obj
+
+
+def openpi_unpack(obj):
+    if b"__ndarray__" in obj:
+        return np.ndarray(buffer=obj[b"data"], dtype=np.dtype(obj[b"dtype"]), shape=obj[b"shape"])
+    if b"__npgeneric__" in obj:
+        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
+    return obj
+
+
+def openpi_style_server(reply, metadata):
+    """A server that behaves as openpi's ``WebsocketPolicyServer`` on the wire; (url, stop)."""
+    ready = threading.Event()
+    address: list = []
+    loop = asyncio.new_event_loop()
+    stopped = asyncio.Event()
+
+    async def handler(ws):
+        await ws.send(msgpack.packb(metadata, default=openpi_pack))
+        while True:
+            try:
+                obs = msgpack.unpackb(await ws.recv(), object_hook=openpi_unpack)
+                action = reply(obs)
+                action["server_timing"] = {"infer_ms": 0.1}
+                await ws.send(msgpack.packb(action, default=openpi_pack))
+            except websockets.ConnectionClosed:
+                break
+            except Exception:
+                await ws.send(traceback.format_exc())
+                await ws.close(CloseCode.INTERNAL_ERROR, "Internal server error.")
+                break
+
+    async def main():
+        async with serve(handler, "127.0.0.1", 0, compression=None, max_size=None) as server:
+            address.append(server.sockets[0].getsockname()[1])
+            ready.set()
+            await stopped.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+
+    def stop_server():
+        loop.call_soon_threadsafe(stopped.set)
+        thread.join(10)
+
+    return f"ws://127.0.0.1:{address[0]}", stop_server

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import stop
-from policykit import start_server
+from policykit import openpi_style_server, start_server
 from pytest_hud.core.results import load_results
 
 pytestmark = pytest.mark.timeout(180)
@@ -81,6 +81,30 @@ def test_an_attached_openpi_style_server_receives_the_instruction_as_its_prompt(
         _check(project, f"--hud-policy={announce['url']}")
     finally:
         stop(proc)
+
+
+def test_an_openpi_server_of_its_own_reads_the_instruction_from_the_prompt_key(project):
+    # not our server: one that answers as openpi's WebsocketPolicyServer does, with a policy whose
+    # only source of the goal is the observation map's "prompt" entry, as openpi's policies read it
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("instructed", POLICY.rsplit(":", 1)[0])
+    instructed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(instructed)
+    policy = instructed.follow_instruction()
+    prompts: list[str] = []
+
+    def infer(obs: dict) -> dict:
+        prompts.append(obs["prompt"])
+        state = {key: value for key, value in obs.items() if key != "prompt"}
+        return {"actions": policy.predict(state, obs["prompt"])}
+
+    url, stop_server = openpi_style_server(infer, {})
+    try:
+        _check(project, f"--hud-policy={url}")
+    finally:
+        stop_server()
+    assert {"reach the left goal", "reach the right goal"} == set(prompts)
 
 
 def test_without_the_instruction_the_policy_cannot_act(pytester: pytest.Pytester):

@@ -6,7 +6,6 @@ observation and prompt, so a reply delivered to the wrong caller fails the compa
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -14,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import urllib.request
 from pathlib import Path
 
@@ -23,11 +21,9 @@ import numpy as np
 import psutil
 import pytest
 import websockets.sync.client
-from websockets.asyncio.server import serve
-from websockets.frames import CloseCode
 
 from conftest import run_threads, stop
-from policykit import HORIZON, expected_chunk, start_server
+from policykit import HORIZON, expected_chunk, openpi_pack, openpi_style_server, openpi_unpack, start_server
 from pytest_hud.agent.model import load_policy
 from pytest_hud.agent.remote import RemotePolicy, RemotePolicyError
 
@@ -178,23 +174,6 @@ def test_a_policy_without_predict_batch_is_looped_over(policy_server):
 
 
 # ------------------------------------------------------------------------- openpi wire
-def openpi_pack(obj):
-    """openpi-client 0.1.2's ``msgpack_numpy.pack_array`` hook, as it behaves on the wire."""
-    if isinstance(obj, np.ndarray):
-        return {b"__ndarray__": True, b"data": obj.tobytes(), b"dtype": obj.dtype.str, b"shape": obj.shape}
-    if isinstance(obj, np.generic):
-        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
-    return obj
-
-
-def openpi_unpack(obj):
-    if b"__ndarray__" in obj:
-        return np.ndarray(buffer=obj[b"data"], dtype=np.dtype(obj[b"dtype"]), shape=obj[b"shape"])
-    if b"__npgeneric__" in obj:
-        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
-    return obj
-
-
 class OpenpiStyleClient:
     """openpi-client 0.1.2's ``WebsocketClientPolicy`` on the wire: websockets' sync client with no
     compression and no size limit, metadata frame first, a packed observation map per ``infer``, a
@@ -250,45 +229,6 @@ def test_remote_policy_forwards_observation_and_prompt(policy_server):
     finally:
         policy.close()
     assert stats(announce)["connections_total"] == 1  # one connection for the whole process
-
-
-def openpi_style_server(reply, metadata):
-    """A server that behaves as openpi's ``WebsocketPolicyServer`` on the wire; (url, stop)."""
-    ready = threading.Event()
-    address: list = []
-    loop = asyncio.new_event_loop()
-    stopped = asyncio.Event()
-
-    async def handler(ws):
-        await ws.send(msgpack.packb(metadata, default=openpi_pack))
-        while True:
-            try:
-                obs = msgpack.unpackb(await ws.recv(), object_hook=openpi_unpack)
-                action = reply(obs)
-                action["server_timing"] = {"infer_ms": 0.1}
-                await ws.send(msgpack.packb(action, default=openpi_pack))
-            except websockets.ConnectionClosed:
-                break
-            except Exception:
-                await ws.send(traceback.format_exc())
-                await ws.close(CloseCode.INTERNAL_ERROR, "Internal server error.")
-                break
-
-    async def main():
-        async with serve(handler, "127.0.0.1", 0, compression=None, max_size=None) as server:
-            address.append(server.sockets[0].getsockname()[1])
-            ready.set()
-            await stopped.wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-    thread.start()
-    assert ready.wait(10)
-
-    def stop_server():
-        loop.call_soon_threadsafe(stopped.set)
-        thread.join(10)
-
-    return f"ws://127.0.0.1:{address[0]}", stop_server
 
 
 def test_remote_policy_talks_to_an_openpi_server_and_reports_its_traceback():
