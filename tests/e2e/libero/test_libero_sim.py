@@ -145,11 +145,12 @@ import numpy as np
 
 
 class Probe:
-    """Holds still and writes down every prompt it is given: what the policy itself received."""
+    """Holds still and writes down every prompt it is given (what the policy itself received), with
+    the suite the running test says it is in (the policy runs in the test's own worker process)."""
 
     def predict(self, observation, prompt=None):
         with open(os.environ["PROMPT_LOG"], "a") as log:
-            log.write(json.dumps(prompt) + "\\n")
+            log.write(json.dumps([os.environ["PROBE_SUITE"], prompt]) + "\\n")
         return np.array([0, 0, 0, 0, 0, 0, -1], np.float32)
 
 
@@ -158,6 +159,8 @@ def probe():
 '''
 
 PROBED_SUITE = '''
+import os
+
 import pytest
 
 SUITES = ("libero_spatial", "libero_spatial_lan", "libero_spatial_task")
@@ -167,6 +170,7 @@ pytestmark = pytest.mark.hud(sim={sim!r} + ":libero", policy="probe_policy:probe
 @pytest.mark.parametrize("suite", [
     pytest.param(s, marks=pytest.mark.hud(build={{"suite": s, "cameras": False}})) for s in SUITES])
 def test_probe(shared_sim, robot_agent, suite):
+    os.environ["PROBE_SUITE"] = suite
     assert robot_agent.run(shared_sim.episode(seed=0, task="task_01")).steps == 2
 '''
 
@@ -178,10 +182,13 @@ def test_the_policy_receives_each_pro_suites_perturbed_instruction(pytester, mon
     pytester.makepyfile(probe_policy=PROBE, test_probed=PROBED_SUITE.format(sim=str(SIM)))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", timeout=500)
     assert result.ret == 0, result.stdout.str()
-    received = {json.loads(line) for line in log.read_text().splitlines()}
-    expected = {suite: hud_libero.instruction(suite, "task_01")
+    received: dict[str, set[str]] = {}
+    for line in log.read_text().splitlines():
+        suite, prompt = json.loads(line)
+        received.setdefault(suite, set()).add(prompt)
+    expected = {suite: {hud_libero.instruction(suite, "task_01")}
                 for suite in ("libero_spatial", "libero_spatial_lan", "libero_spatial_task")}
-    assert received == set(expected.values())
+    assert received == expected  # each suite's episode got its own suite's text, at every step
     # the reworded and the new goal's texts are not the base task's (which LIBERO-PRO's task.language keeps)
-    assert len(set(expected.values())) == 3
-    assert not any(text.startswith("task_") for text in received)
+    assert len(set().union(*expected.values())) == 3
+    assert not any(text.startswith("task_") for texts in received.values() for text in texts)
