@@ -14,6 +14,7 @@ import pytest
 
 from conftest import stop
 from policykit import openpi_style_server, start_server
+from pytest_hud.agent.model import load_policy
 from pytest_hud.core.results import load_results
 
 pytestmark = pytest.mark.timeout(180)
@@ -86,12 +87,7 @@ def test_an_attached_openpi_style_server_receives_the_instruction_as_its_prompt(
 def test_an_openpi_server_of_its_own_reads_the_instruction_from_the_prompt_key(project):
     # not our server: one that answers as openpi's WebsocketPolicyServer does, with a policy whose
     # only source of the goal is the observation map's "prompt" entry, as openpi's policies read it
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("instructed", POLICY.rsplit(":", 1)[0])
-    instructed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(instructed)
-    policy = instructed.follow_instruction()
+    policy = load_policy(POLICY, None)
     prompts: list[str] = []
 
     def infer(obs: dict) -> dict:

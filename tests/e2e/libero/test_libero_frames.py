@@ -24,6 +24,9 @@ from conftest import run_threads, start_bridge, stop  # noqa: E402
 
 from pytest_hud.client.bridge import ControlClient, SlotClient  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from episodes import SIM, actions  # noqa: E402
+
 pytestmark = pytest.mark.timeout(900)
 
 HERE = Path(__file__).parent
@@ -102,9 +105,6 @@ def test_robosuites_own_contexts_give_wrong_frames_beside_another_task(recording
 def test_two_tasks_stepped_at_once_in_one_bridge_get_the_frames_of_each_episode_alone(recordings, tmp_path):
     """The same through a real bridge: a width-2 multi-task bridge of libero_spatial, A and C claimed
     on its two slots and stepped at once (two envs rendering in the bridge's process)."""
-    sys.path.insert(0, str(HERE))
-    from episodes import SIM, actions
-
     build = {"suite": "libero_spatial"}
     proc, address = start_bridge(tmp_path, f"{SIM}:libero", 2, "--build-args", json.dumps(build), timeout=300)
     seen: dict[str, dict[str, np.ndarray]] = {}
