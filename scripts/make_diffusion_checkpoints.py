@@ -30,7 +30,6 @@ Train it with LeRobot 0.4.4 (Python 3.11): LeRobot 0.6.1 loads a 0.4.4 diffusion
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -41,8 +40,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lerobot_training import save_checkpoint, train
-from make_lerobot_checkpoints import REPO_ID, record_demonstrations
+from lerobot_training import copy_state_to_env_state, save_checkpoint, state_as_env_state, train
+from make_lerobot_checkpoints import REPO_ID, reach_success_rate, record_demonstrations
 
 DEFAULT_OUT = REPO / "evals" / "checkpoints" / "reach_diffusion"
 PROVENANCE_FILE = "provenance.json"
@@ -69,32 +68,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def success_rate(checkpoint: Path, seeds: range, inference_steps: int | None = None) -> float:
-    """Roll the checkpoint out on make_reach() through LeRobotPolicy, chunks open-loop;
-    ``inference_steps`` overrides the checkpoint's number of denoising steps."""
-    from evals.sims.reach import make_reach
-    from pytest_hud.agent.lerobot import LeRobotPolicy
-
-    model = LeRobotPolicy.from_checkpoint(checkpoint, {"state": ((4,), "float32")})
-    if inference_steps is not None:
-        model.policy.diffusion.num_inference_steps = inference_steps
-    env = make_reach()
-    successes = 0
-    for seed in seeds:
-        model.reset()
-        observation, info = env.reset(seed=seed)
-        queue: list = []
-        while True:
-            if not queue:
-                queue = list(model.predict(observation))
-            observation, _, terminated, truncated, info = env.step(queue.pop(0))
-            if terminated or truncated:
-                break
-        successes += bool(info["is_success"])
-    env.close()
-    return successes / len(seeds)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from the hub; set before huggingface_hub loads
@@ -108,8 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
     from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
     from lerobot.utils.constants import OBS_ENV_STATE, OBS_STATE
-
-    from pytest_hud.agent.lerobot import CopyObservationsProcessorStep
 
     torch.set_num_threads(args.threads)
     final = args.out / "final"
@@ -151,18 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             scheduler_warmup_steps=args.warmup,
         )
 
-        def same_stats_for_env_state(stats: dict) -> dict:
-            stats = copy.deepcopy(stats)
-            stats[OBS_ENV_STATE] = stats[OBS_STATE]
-            return stats
-
-        def copy_state(policy, preprocessor) -> None:
-            preprocessor.steps.insert(1, CopyObservationsProcessorStep({OBS_STATE: OBS_ENV_STATE}))
-
         tick = time.perf_counter()
         policy, preprocessor, postprocessor = train(
             config, root, REPO_ID, seed=args.seed, batch_size=args.batch_size, steps=args.steps,
-            adapt_stats=same_stats_for_env_state, prepare=copy_state, log_every=500, preload=True,
+            adapt_stats=state_as_env_state, prepare=copy_state_to_env_state, log_every=500, preload=True,
         )
         train_s = time.perf_counter() - tick
         save_checkpoint(policy, preprocessor, postprocessor, final)
@@ -174,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     tick = time.perf_counter()
     seeds = range(args.eval_episodes)
     rates = {
-        f"{args.inference_steps} denoising steps": success_rate(final, seeds),
-        "1 denoising step": success_rate(final, seeds, inference_steps=1),
+        f"{args.inference_steps} denoising steps": reach_success_rate(final, seeds),
+        "1 denoising step": reach_success_rate(final, seeds, inference_steps=1),
     }
     for label, rate in rates.items():
         print(f"final, {label}: success {rate:.0%} on seeds 0..{len(seeds) - 1}", flush=True)

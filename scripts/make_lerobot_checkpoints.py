@@ -23,7 +23,6 @@ saved preprocessor copies it to ``observation.environment_state``
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import shutil
 import sys
@@ -34,7 +33,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lerobot_training import save_checkpoint, train  # noqa: E402
+from lerobot_training import (  # noqa: E402
+    copy_state_to_env_state,
+    save_checkpoint,
+    small_act,
+    state_as_env_state,
+    success_rate,
+    train,
+)
+
 DEFAULT_OUT = REPO / "evals" / "checkpoints" / "reach_act"
 REPO_ID = "pytest-hud/reach_expert"  # a local name only; nothing is pushed or pulled
 TASK = "reach the green goal"
@@ -106,27 +113,20 @@ def record_demonstrations(root: Path, episodes: int, noise: float, seed: int) ->
     env.close()
 
 
-def success_rate(checkpoint: Path, seeds: range) -> float:
-    """Roll the checkpoint out on make_reach() through LeRobotPolicy, executing chunks open-loop."""
+def reach_success_rate(checkpoint: Path, seeds: range, inference_steps: int | None = None) -> float:
+    """Roll the checkpoint out on make_reach() through LeRobotPolicy, executing chunks open-loop;
+    ``inference_steps`` overrides a diffusion checkpoint's number of denoising steps."""
     from evals.sims.reach import make_reach
     from pytest_hud.agent.lerobot import LeRobotPolicy
 
     model = LeRobotPolicy.from_checkpoint(checkpoint, {"state": ((4,), "float32")})
+    if inference_steps is not None:
+        model.policy.diffusion.num_inference_steps = inference_steps
     env = make_reach()
-    successes = 0
-    for seed in seeds:
-        model.reset()
-        observation, info = env.reset(seed=seed)
-        queue: list = []
-        while True:
-            if not queue:
-                queue = list(model.predict(observation))
-            observation, _, terminated, truncated, info = env.step(queue.pop(0))
-            if terminated or truncated:
-                break
-        successes += bool(info["is_success"])
-    env.close()
-    return successes / len(seeds)
+    try:
+        return success_rate(model, env, seeds, success_key="is_success")
+    finally:
+        env.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,11 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     import torch
-    from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
-    from lerobot.policies.act.configuration_act import ACTConfig
-    from lerobot.utils.constants import OBS_ENV_STATE, OBS_STATE
-
-    from pytest_hud.agent.lerobot import CopyObservationsProcessorStep
 
     torch.set_num_threads(args.threads)
     print(f"imports: {time.perf_counter() - started:.1f}s", flush=True)
@@ -158,37 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         record_demonstrations(root, args.episodes, args.noise, args.seed)
         print(f"recorded {args.episodes} demonstrations: {time.perf_counter() - tick:.1f}s", flush=True)
 
-        config = ACTConfig(
-            device="cpu",
-            push_to_hub=False,
-            input_features={
-                OBS_STATE: PolicyFeature(FeatureType.STATE, (4,)),
-                OBS_ENV_STATE: PolicyFeature(FeatureType.ENV, (4,)),
-            },
-            normalization_mapping={
-                "STATE": NormalizationMode.MEAN_STD,
-                "ENV": NormalizationMode.MEAN_STD,
-                "ACTION": NormalizationMode.MEAN_STD,
-            },
-            chunk_size=10,
-            n_action_steps=10,
-            dim_model=64,
-            n_heads=4,
-            dim_feedforward=256,
-            n_encoder_layers=2,
-            n_decoder_layers=1,
-            n_vae_encoder_layers=1,
-            latent_dim=16,
-            pretrained_backbone_weights=None,
-            optimizer_lr=args.lr,
-        )
-        def same_stats_for_env_state(stats: dict) -> dict:
-            stats = copy.deepcopy(stats)
-            stats[OBS_ENV_STATE] = stats[OBS_STATE]
-            return stats
-
-        def copy_state(policy, preprocessor) -> None:
-            preprocessor.steps.insert(1, CopyObservationsProcessorStep({OBS_STATE: OBS_ENV_STATE}))
+        config = small_act(lr=args.lr, n_action_steps=10, state_dim=4)
 
         def snapshot(step, policy, preprocessor, postprocessor) -> None:
             if step == args.early_steps:
@@ -196,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
         policy, preprocessor, postprocessor = train(
             config, root, REPO_ID, seed=args.seed, batch_size=args.batch_size, steps=args.steps,
-            adapt_stats=same_stats_for_env_state, prepare=copy_state, on_step=snapshot, log_every=500,
+            adapt_stats=state_as_env_state, prepare=copy_state_to_env_state, on_step=snapshot, log_every=500,
         )
         save_checkpoint(policy, preprocessor, postprocessor, args.out / "final")
 
@@ -205,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("early", "final"):
         folder = args.out / name
         size = sum(path.stat().st_size for path in folder.iterdir())
-        rate = success_rate(folder, seeds)
+        rate = reach_success_rate(folder, seeds)
         print(
             f"{name}: success {rate:.0%} on seeds 0..{len(seeds) - 1}, {size / 1e6:.2f} MB at {folder}",
             flush=True,

@@ -31,7 +31,6 @@ xdist worker recorded which, so the shuffled batches (and weights) differ betwee
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import subprocess
@@ -43,7 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lerobot_training import save_checkpoint, train
+from lerobot_training import floor_std, save_checkpoint, small_act, success_rate, train
 
 DEFAULT_OUT = REPO / "evals" / "checkpoints" / "libero_spatial_act"
 SUITE_FILE = REPO / "evals" / "test_libero_policies.py"
@@ -134,20 +133,10 @@ def success_rates(checkpoint: Path, tasks: list[str], seeds: range) -> dict[str,
     rates = {}
     for task in tasks:
         env = sim.LiberoTask(SUITE, task, cameras=False, privileged=True)
-        successes = 0
-        for seed in seeds:
-            model.reset()
-            observation, info = env.reset(seed=seed)
-            queue: list = []
-            for _ in range(env.max_episode_steps):
-                if not queue:
-                    queue = list(model.predict(observation, env.instruction))
-                observation, _, terminated, truncated, info = env.step(queue.pop(0))
-                if terminated or truncated:
-                    break
-            successes += bool(info["success"])
-        env.close()
-        rates[task] = successes / len(seeds)
+        try:
+            rates[task] = success_rate(model, env, seeds, prompt=env.instruction, max_steps=env.max_episode_steps)
+        finally:
+            env.close()
     return rates
 
 
@@ -162,10 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     started = time.perf_counter()
 
-    import numpy as np
     import torch
-    from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
-    from lerobot.policies.act.configuration_act import ACTConfig
     from lerobot.utils.constants import OBS_ENV_STATE, OBS_STATE
 
     torch.set_num_threads(args.threads)
@@ -187,36 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         kept = successful_episodes(root)
         print(f"training on the {len(kept)} successful demonstrations", flush=True)
 
-        config = ACTConfig(
-            device="cpu",
-            push_to_hub=False,
-            input_features={
-                OBS_STATE: PolicyFeature(FeatureType.STATE, (STATE_DIM,)),
-                OBS_ENV_STATE: PolicyFeature(FeatureType.ENV, (ENV_DIM,)),
-            },
-            normalization_mapping={
-                "STATE": NormalizationMode.MEAN_STD,
-                "ENV": NormalizationMode.MEAN_STD,
-                "ACTION": NormalizationMode.MEAN_STD,
-            },
-            chunk_size=10,
-            n_action_steps=5,
-            dim_model=128,
-            n_heads=4,
-            dim_feedforward=512,
-            n_encoder_layers=2,
-            n_decoder_layers=1,
-            n_vae_encoder_layers=1,
-            latent_dim=16,
-            pretrained_backbone_weights=None,
-            optimizer_lr=args.lr,
-        )
-
-        def adapt_stats(stats: dict) -> dict:
-            stats = copy.deepcopy(stats)
-            for key in (OBS_STATE, OBS_ENV_STATE):
-                stats[key]["std"] = np.maximum(np.asarray(stats[key]["std"], dtype=np.float32), MIN_STD)
-            return stats
+        config = small_act(lr=args.lr, n_action_steps=5, state_dim=STATE_DIM, env_dim=ENV_DIM,
+                           dim_model=128, dim_feedforward=512)
 
         def snapshot(step, policy, preprocessor, postprocessor) -> None:
             if step == args.early_steps:
@@ -224,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
 
         policy, preprocessor, postprocessor = train(
             config, root, REPO_ID, seed=args.seed, batch_size=args.batch_size, steps=args.steps,
-            adapt_stats=adapt_stats, on_step=snapshot, log_every=200, preload=True, episodes=kept,
+            adapt_stats=lambda stats: floor_std(stats, (OBS_STATE, OBS_ENV_STATE), MIN_STD),
+            on_step=snapshot, log_every=200, preload=True, episodes=kept,
         )
         save_checkpoint(policy, preprocessor, postprocessor, args.out / "final")
 

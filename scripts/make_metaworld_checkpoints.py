@@ -30,7 +30,7 @@ the saved preprocessor copies the state to the second (``CopyObservationsProcess
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import os
 import subprocess
 import sys
@@ -41,7 +41,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lerobot_training import save_checkpoint, train
+from lerobot_training import (
+    copy_state_to_env_state,
+    save_checkpoint,
+    small_act,
+    state_as_env_state,
+    success_rate,
+    train,
+)
 
 DEFAULT_OUT = REPO / "evals" / "checkpoints" / "metaworld_act"
 SUITE = REPO / "evals" / "test_metaworld_act.py"
@@ -67,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--eval-episodes", type=int, default=20, help="Held-out seeds per task (0..N-1)")
+    parser.add_argument("--max-steps", type=int, default=200,
+                        help="Step cap of an evaluation episode (the suite's own cap)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for reproducibility)")
     args = parser.parse_args(argv)
@@ -100,7 +109,13 @@ def record_demonstrations(root: Path, episodes: int, workers: int) -> None:
         raise SystemExit(f"the recording run failed (exit {done.returncode}); see its output above")
 
 
-def success_rates(checkpoint: Path, tasks: tuple[str, ...], seeds: range, max_steps: int) -> dict[str, float]:
+def recorded_tasks(root: Path) -> list[str]:
+    """The Meta-World tasks in the recording (each episode's prompt is its task), sorted."""
+    lines = (root / "meta" / "pytest_hud_episodes.jsonl").read_text(encoding="utf-8").splitlines()
+    return sorted({json.loads(line)["prompt"] for line in lines if line.strip()})
+
+
+def success_rates(checkpoint: Path, tasks: list[str], seeds: range, max_steps: int) -> dict[str, float]:
     """Roll the checkpoint out on each task (the sim env itself, in this process); success per task."""
     sys.path.insert(0, str(REPO / "evals" / "sims"))
     from meta_world import MetaWorldTask
@@ -111,20 +126,10 @@ def success_rates(checkpoint: Path, tasks: tuple[str, ...], seeds: range, max_st
     rates = {}
     for task in tasks:
         env = MetaWorldTask(task)
-        successes = 0
-        for seed in seeds:
-            model.reset()
-            observation, info = env.reset(seed=seed)
-            queue: list = []
-            for _ in range(max_steps):
-                if not queue:
-                    queue = list(model.predict(observation, task))
-                observation, _, terminated, truncated, info = env.step(queue.pop(0))
-                if terminated or truncated:
-                    break
-            successes += bool(info["success"])
-        env.close()
-        rates[task] = successes / len(seeds)
+        try:
+            rates[task] = success_rate(model, env, seeds, prompt=task, max_steps=max_steps)
+        finally:
+            env.close()
     return rates
 
 
@@ -139,14 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     started = time.perf_counter()
 
-    import numpy as np
     import torch
-    from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
-    from lerobot.policies.act.configuration_act import ACTConfig
-    from lerobot.utils.constants import OBS_ENV_STATE, OBS_STATE
-
-    from evals.test_metaworld_act import MAX_STEPS, TASKS
-    from pytest_hud.agent.lerobot import CopyObservationsProcessorStep
 
     torch.set_num_threads(args.threads)
 
@@ -163,40 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             record_demonstrations(root, args.episodes, args.workers)
             print(f"recorded {args.episodes} demonstrations per task: {time.perf_counter() - tick:.1f}s", flush=True)
 
-        config = ACTConfig(
-            device="cpu",
-            push_to_hub=False,
-            input_features={
-                OBS_STATE: PolicyFeature(FeatureType.STATE, (STATE_DIM,)),
-                OBS_ENV_STATE: PolicyFeature(FeatureType.ENV, (STATE_DIM,)),
-            },
-            normalization_mapping={
-                "STATE": NormalizationMode.MEAN_STD,
-                "ENV": NormalizationMode.MEAN_STD,
-                "ACTION": NormalizationMode.MEAN_STD,
-            },
-            chunk_size=10,
-            n_action_steps=5,
-            dim_model=64,
-            n_heads=4,
-            dim_feedforward=256,
-            n_encoder_layers=2,
-            n_decoder_layers=1,
-            n_vae_encoder_layers=1,
-            latent_dim=16,
-            pretrained_backbone_weights=None,
-            optimizer_lr=args.lr,
-        )
-
-        def adapt_stats(stats: dict) -> dict:
-            stats = copy.deepcopy(stats)
-            state = stats[OBS_STATE]
-            state["std"] = np.maximum(np.asarray(state["std"], dtype=np.float32), MIN_STD)
-            stats[OBS_ENV_STATE] = state
-            return stats
-
-        def copy_state(policy, preprocessor) -> None:
-            preprocessor.steps.insert(1, CopyObservationsProcessorStep({OBS_STATE: OBS_ENV_STATE}))
+        config = small_act(lr=args.lr, n_action_steps=5, state_dim=STATE_DIM)
+        tasks = recorded_tasks(root)
 
         def snapshot(step, policy, preprocessor, postprocessor) -> None:
             if step == args.early_steps:
@@ -204,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
 
         policy, preprocessor, postprocessor = train(
             config, root, REPO_ID, seed=args.seed, batch_size=args.batch_size, steps=args.steps,
-            adapt_stats=adapt_stats, prepare=copy_state, on_step=snapshot, log_every=100, preload=True,
+            adapt_stats=lambda stats: state_as_env_state(stats, MIN_STD), prepare=copy_state_to_env_state,
+            on_step=snapshot, log_every=100, preload=True,
         )
         save_checkpoint(policy, preprocessor, postprocessor, args.out / "final")
 
@@ -213,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("early", "final"):
         folder = args.out / name
         size = sum(path.stat().st_size for path in folder.iterdir())
-        rates = success_rates(folder, TASKS, seeds, MAX_STEPS)
+        rates = success_rates(folder, tasks, seeds, args.max_steps)
         per_task = ", ".join(f"{task} {rate:.0%}" for task, rate in rates.items())
         print(f"{name}: held-out seeds 0..{len(seeds) - 1}: {per_task}; {size / 1e6:.2f} MB at {folder}",
               flush=True)

@@ -16,7 +16,7 @@ torchvision ResNet (``ACTConfig.vision_backbone`` must start with "resnet"; ResN
 head is 11.2 M parameters, ~45 MB in float32) or multi-GB VLAs. Diffusion and VQ-BeT also require a
 ResNet; TD-MPC and SAC have small conv encoders but keep an observation history in
 ``select_action``, which the seam refuses. So the checkpoint (~46 MB) is built on first use into a
-cache folder keyed by this script's content and LeRobot's major.minor (:func:`ensure_checkpoint`),
+cache folder keyed by the content of this script and of ``lerobot_training.py`` and by LeRobot's major.minor (:func:`ensure_checkpoint`),
 ~1-2 min on 2 cores::
 
     .venv-lerobot/bin/python scripts/make_pusht_checkpoint.py            # into the cache folder
@@ -40,7 +40,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lerobot_training import save_checkpoint, train  # noqa: E402 - shared with the reach script
+from lerobot_training import save_checkpoint, small_act, train  # noqa: E402 - shared by the checkpoint scripts
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
@@ -52,7 +52,8 @@ PROVENANCE_FILE = "provenance.json"
 
 # ---------------------------------------------------------------- where the checkpoint lives
 def script_digest() -> str:
-    return hashlib.sha256(SCRIPT.read_bytes()).hexdigest()
+    """This script and the training module it builds with: a change to either builds a new checkpoint."""
+    return hashlib.sha256(SCRIPT.read_bytes() + (SCRIPT.parent / "lerobot_training.py").read_bytes()).hexdigest()
 
 
 def lerobot_line() -> str:
@@ -238,7 +239,6 @@ def main(argv: list[str] | None = None) -> int:
 def build(args: argparse.Namespace, staging: Path) -> dict:
     """Record, train and save into ``staging``; returns the provenance written there."""
     import torch
-    from lerobot.policies.act.configuration_act import ACTConfig
 
     with tempfile.TemporaryDirectory(prefix="pusht-dataset-") as scratch:
         root = args.dataset_dir if args.dataset_dir is not None else Path(scratch) / "pusht_scripted"
@@ -250,23 +250,8 @@ def build(args: argparse.Namespace, staging: Path) -> dict:
 
         # input/output features come from the dataset (make_policy fills them): observation.image
         # [3, 96, 96] VISUAL, observation.state [2] STATE, action [2] ACTION.
-        config = ACTConfig(
-            device="cpu",
-            push_to_hub=False,
-            chunk_size=10,
-            n_action_steps=10,
-            dim_model=64,
-            n_heads=4,
-            dim_feedforward=256,
-            n_encoder_layers=2,
-            n_decoder_layers=1,
-            n_vae_encoder_layers=1,
-            latent_dim=16,
-            vision_backbone="resnet18",
-            pretrained_backbone_weights=None,  # no torchvision download; trained from scratch
-            optimizer_lr=args.lr,
-            optimizer_lr_backbone=args.lr,
-        )
+        config = small_act(lr=args.lr, n_action_steps=10, vision_backbone="resnet18", optimizer_lr_backbone=args.lr)
+
         def freeze_backbone(policy, preprocessor) -> None:
             if not args.train_backbone:  # ACT's get_optim_params leaves out frozen parameters
                 policy.model.backbone.requires_grad_(False)

@@ -24,11 +24,17 @@ from pytest_hud.agent.lerobot import LeRobotPolicy  # noqa: E402
 pytestmark = pytest.mark.timeout(600)
 
 REPO = Path(__file__).resolve().parents[3]
-TINY = ["--episodes", "4", "--steps", "3", "--eval-episodes", "1", "--batch-size", "8"]
+TINY = ["--steps", "3", "--eval-episodes", "1", "--batch-size", "8"]
+#: kind: (script, its tiny arguments, the checkpoints it saves, state size, action size)
 SCRIPTS = {
-    "act": ("make_lerobot_checkpoints.py", [*TINY, "--early-steps", "1"], ("early", "final")),
-    "diffusion": ("make_diffusion_checkpoints.py", [*TINY, "--warmup", "1", "--inference-steps", "2"],
-                  ("final",)),
+    "act": ("make_lerobot_checkpoints.py", [*TINY, "--episodes", "4", "--early-steps", "1"], ("early", "final"),
+            4, 2),
+    "diffusion": ("make_diffusion_checkpoints.py",
+                  [*TINY, "--episodes", "4", "--warmup", "1", "--inference-steps", "2"], ("final",), 4, 2),
+    # records through a real pytest run of the Meta-World suite (one worker), then trains the shared ACT
+    "metaworld": ("make_metaworld_checkpoints.py",
+                  [*TINY, "--episodes", "1", "--early-steps", "1", "--workers", "1", "--max-steps", "5"],
+                  ("early", "final"), 39, 4),
 }
 
 
@@ -37,7 +43,9 @@ def test_a_checkpoint_script_records_trains_saves_and_evaluates(tmp_path: Path, 
     if kind == "diffusion" and importlib.util.find_spec("diffusers") is None:
         pytest.skip("diffusers is not installed (LeRobot's Diffusion Policy needs it): "
                     "pip install 'lerobot[diffusion]'")
-    script, args, folders = SCRIPTS[kind]
+    if kind == "metaworld" and importlib.util.find_spec("metaworld") is None:
+        pytest.skip("Meta-World is not installed: pip install 'pytest-hud[metaworld]'")
+    script, args, folders, state, action = SCRIPTS[kind]
     out = tmp_path / "checkpoints"
     done = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--out", str(out),
                            "--dataset-dir", str(tmp_path / "dataset"), *args],
@@ -48,6 +56,6 @@ def test_a_checkpoint_script_records_trains_saves_and_evaluates(tmp_path: Path, 
     for folder in folders:
         checkpoint = out / folder
         assert (checkpoint / "config.json").is_file() and (checkpoint / "model.safetensors").is_file()
-        model = LeRobotPolicy.from_checkpoint(checkpoint, {"state": ((4,), "float32")})
-        chunk = np.asarray(model.predict({"state": np.zeros(4, np.float32)}))
-        assert chunk.ndim == 2 and chunk.shape[1] == 2 and np.isfinite(chunk).all()
+        model = LeRobotPolicy.from_checkpoint(checkpoint, {"state": ((state,), "float32")})
+        chunk = np.asarray(model.predict({"state": np.zeros(state, np.float32)}))
+        assert chunk.ndim == 2 and chunk.shape[1] == action and np.isfinite(chunk).all()
