@@ -13,7 +13,7 @@ null`` serves an env with Pendulum's spaces and a step that costs nothing
 
 Bridges, measured in turn, ``--repeat`` times, interleaved (the machine is shared and noisy):
 
-- ``this checkout``: ``python -m pytest_hud.sim Pendulum-v1 --width 8`` from this tree;
+- ``this checkout``: ``python -m pytest_hud.bridge Pendulum-v1 --width 8`` from this tree;
 - ``--before REF``: the same command from ``git archive REF`` (e.g. ``--before main``);
 - ``--unix``: this checkout's bridge again, the same client dialling its abstract Unix socket
   (what pytest-hud's own workers use on the bridge's host); a transport HUD's bridge lacks;
@@ -172,7 +172,7 @@ def start(kind: str, code_root: Path | None, python: str, width: int, workdir: P
         tick = []  # lockstep on every side, like the other bridges (older trees have no --tick)
         if '"--tick"' in (Path(code_root) / "pytest_hud" / "sim" / "__main__.py").read_text():
             tick = ["--tick", TICK[0]]
-        proc = subprocess.Popen([python, "-m", "pytest_hud.sim", ENVS[ENV[0]][0], "--width", str(width), "--vectorization", "sync",
+        proc = subprocess.Popen([python, "-m", "pytest_hud.bridge", ENVS[ENV[0]][0], "--width", str(width), "--vectorization", "sync",
                                  "--announce", str(announce), *tick], env=env, cwd=workdir)
         while not announce.exists():
             if proc.poll() is not None:

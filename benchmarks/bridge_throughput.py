@@ -49,7 +49,7 @@ def start_bridge(target: str, width: int, workdir: str,
                  code_root: Path = ROOT) -> tuple[subprocess.Popen, BridgeAddress]:
     announce = Path(workdir) / f"{abs(hash(target))}-{time.monotonic_ns()}.json"
     env = dict(os.environ, SDL_VIDEODRIVER="dummy", PYTHONPATH=str(code_root))
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.sim", target, "--width", str(width), "--vectorization", "sync",
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.bridge", target, "--width", str(width), "--vectorization", "sync",
                              *TICK, "--announce", str(announce)], env=env)
     while not announce.exists():
         if proc.poll() is not None:

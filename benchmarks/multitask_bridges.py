@@ -47,7 +47,7 @@ def start_bridge(target: str, width: int, build: dict, workdir: str) -> tuple[su
     announce = Path(workdir) / f"bridge-{time.monotonic_ns()}.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     began = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.sim", target, "--width", str(width), "--vectorization", "sync",
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.bridge", target, "--width", str(width), "--vectorization", "sync",
                              "--build-args", json.dumps(build), "--announce", str(announce)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while not announce.exists():

@@ -39,7 +39,7 @@ TARGET = "Pendulum-v1"  # 200-step episodes, never terminated early: claims are 
 def start_bridge(tick: str, width: int, window: float, workdir: str) -> tuple[subprocess.Popen, BridgeAddress]:
     announce = Path(workdir) / f"{tick}-{window}.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.sim", TARGET, "--width", str(width), "--vectorization", "sync",
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_hud.bridge", TARGET, "--width", str(width), "--vectorization", "sync",
                              "--tick", tick, "--tick-window", str(window), "--announce", str(announce)],
                             env=env)
     while not announce.exists():

@@ -33,7 +33,7 @@ episodes, reports):
   with the tick mode named;
 - ``hud-server-threads`` (not run by default): ``hud-server`` with ``--hud-vectorization=threads``
   (the 8 envs on one thread per core in the bridge process). PushT is not safe on threads
-  (``python -m pytest_hud.sim evals/sims/pusht.py:make_pusht --width 8 --check-threads`` finds
+  (``python -m pytest_hud.bridge evals/sims/pusht.py:make_pusht --width 8 --check-threads`` finds
   rewards that differ from a one-thread run): shown for its speed only, not a setup to use;
 - ``hud-server-named`` (not run by default): ``hud-server`` with the checkpoint named on the
   command line (``--hud-policy=CKPT``, as ``lerobot-eval`` gets ``--policy.path``), which beats the

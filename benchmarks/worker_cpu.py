@@ -173,7 +173,7 @@ def main() -> None:
         workdir = Path(tmp)
         announce = workdir / "bridge.json"
         env = dict(os.environ, SDL_VIDEODRIVER="dummy", PYTHONPATH=str(ROOT))
-        bridge = subprocess.Popen([sys.executable, "-m", "pytest_hud.sim", args.sim, "--width", "1",
+        bridge = subprocess.Popen([sys.executable, "-m", "pytest_hud.bridge", args.sim, "--width", "1",
                                    "--announce", str(announce)], env=env, cwd=workdir)
         try:
             while not announce.exists():

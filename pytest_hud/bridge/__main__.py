@@ -1,4 +1,4 @@
-"""``python -m pytest_hud.sim TARGET --width N``: serve a vectorized sim to many episodes.
+"""``python -m pytest_hud.bridge TARGET --width N``: serve a vectorized sim to many episodes.
 
 The sim owns the main thread, and by default the control channel and the slot WebSockets are
 served by an asyncio loop on that same thread, which calls the sim directly: a tick costs no
@@ -51,7 +51,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m pytest_hud.sim",
+        prog="python -m pytest_hud.bridge",
         description="Serve a vectorized simulator to concurrent episodes over the openpi/0 wire.",
     )
     p.add_argument("target", help="Gymnasium id, 'module:factory' or 'path/to/file.py:factory'")

@@ -260,7 +260,7 @@ class HudController:
     # ---------------------------------------------------------------- hooks
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
-        from pytest_hud.core.outcome import episode_teststatus
+        from pytest_hud.core.classify import episode_teststatus
 
         return episode_teststatus(report)
 

@@ -105,7 +105,7 @@ def _check_environment(settings: HudSettings, here: Path, video_explicit: bool,
     if settings.sim_url and not Path(settings.sim_url).is_file():
         raise SettingsError(
             f"--hud-sim-url {settings.sim_url!r}: no such announce file; start a bridge with "
-            "`python -m pytest_hud.sim TARGET --width N --announce PATH` and pass that PATH"
+            "`python -m pytest_hud.bridge TARGET --width N --announce PATH` and pass that PATH"
         )
     return settings
 

@@ -156,13 +156,3 @@ def sensitivity_tables(records: Iterable[EpisodeRecord], alpha: float = 0.05,
                 out.append(_table(axis, reference, task, mine, alpha, problem))
     return out
 
-
-def tables_from_dicts(data: Any) -> list[SensitivityTable]:
-    """Tables read back from a results file's summary (``summary["sensitivity"]``)."""
-    out = []
-    for t in data or ():
-        rows = [LevelRow(**{k: v for k, v in r.items() if k in LevelRow.__dataclass_fields__})
-                for r in t.get("rows", ())]
-        out.append(SensitivityTable(t["axis"], t.get("reference"), t.get("scope", POOLED), list(t.get("tasks", ())),
-                                    float(t.get("alpha", 0.05)), rows, t.get("problem")))
-    return out

@@ -143,11 +143,6 @@ class Timeouts:
     MARGIN = 30.0
 
     @property
-    def reset_wait(self) -> float:
-        """How long ``reset()`` waits for the bridge's answer (its slot wait, plus a margin)."""
-        return self.wait_slot + 2 * self.MARGIN
-
-    @property
     def recv(self) -> float:
         """How long an agent waits for an observation (the bridge fails a silent slot earlier)."""
         return self.first_action + self.step + self.MARGIN

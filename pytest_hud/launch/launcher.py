@@ -1,6 +1,6 @@
 """Where the pool's bridges and policy servers run: the launcher seam and its backends.
 
-The pool decides *what* to start (``-m pytest_hud.sim TARGET --width N ...``); a :class:`Launcher`
+The pool decides *what* to start (``-m pytest_hud.bridge TARGET --width N ...``); a :class:`Launcher`
 decides *where* and returns a :class:`Service` handle carrying the service's announce (ports,
 secret, the host to reach it on, and the node it landed on). Three backends:
 

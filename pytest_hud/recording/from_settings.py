@@ -1,4 +1,7 @@
-"""A worker's recorders, opened from the run's settings: videos, traces, a LeRobot dataset."""
+"""A worker's recorders, opened from the run's settings: videos, traces, a LeRobot dataset.
+
+Kept apart from :mod:`.recorder`, the protocol the recorders themselves import, so that no import
+runs in a circle: this module imports the recorders (lazily, when the settings ask for them)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A recorder (videos, traces, LeRobot dataset parts) sees every tick of an episode as a
 :class:`~pytest_hud.agent.loop.StepObserver`, is told the next episode's label by the plugin, and
-hands back the artefact paths of the episode it finished. :func:`pytest_hud.recording.recorders.open_recorders` builds a worker's
+hands back the artefact paths of the episode it finished. :func:`pytest_hud.recording.from_settings.open_recorders` builds a worker's
 recorders from the run's settings. Every artefact file name goes through :func:`safe_name` or
 :func:`episode_file_stem`: one rule for what is safe in a file name.
 """

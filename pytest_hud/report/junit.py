@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_hud.core.outcome import is_episode_error
+from pytest_hud.core.classify import is_episode_error
 
 __all__ = ["JunitErrors", "add_gate_cases"]
 

@@ -1,6 +1,6 @@
 """The bridge: one vectorized simulator served to many concurrent episodes.
 
-Run it with ``python -m pytest_hud.sim TARGET --width N``; write a :class:`VectorSim` subclass to
+Run it with ``python -m pytest_hud.bridge TARGET --width N``; write a :class:`VectorSim` subclass to
 serve a sim that is not gym-shaped.
 """
 

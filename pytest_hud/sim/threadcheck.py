@@ -1,4 +1,4 @@
-"""``python -m pytest_hud.sim TARGET --check-threads N``: is this env safe on threads?
+"""``python -m pytest_hud.bridge TARGET --check-threads N``: is this env safe on threads?
 
 Steps a seeded run of ``TARGET`` with ``--hud-vectorization=threads`` and the same run on one
 thread, and compares every observation (see :mod:`.threads` for why some envs are not).

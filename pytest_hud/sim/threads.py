@@ -12,7 +12,7 @@ The result of every env call is what the same call returns on the bridge's threa
 env is safe to run on several threads at once: only which core runs it changes, so episodes are
 identical whatever the vectorization (tests prove it for gymnasium's state envs). Not every env is:
 gymnasium's classic-control rendering (pygame) was seen to differ in a few pixels now and then
-when several instances render at once. :func:`pytest_hud.sim.threadcheck.check_threads` (``python -m pytest_hud.sim
+when several instances render at once. :func:`pytest_hud.sim.threadcheck.check_threads` (``python -m pytest_hud.bridge
 TARGET --check-threads``) compares a seeded run on threads with one on a single thread.
 """
 

@@ -169,14 +169,6 @@ class SequentialTest:
         """Pairs scored so far."""
         return self.worse + self.better + self.concordant
 
-    @property
-    def evalues(self) -> tuple[float, float]:
-        """Current (regression, pass) e-values."""
-        log_reg, log_pass = sequential_log_evalues(
-            self.worse, self.better, self.concordant, max_drop=self.max_drop, detect_drop=self.detect_drop
-        )
-        return (math.exp(float(log_reg)), math.exp(float(log_pass)))
-
     def update(self, current: bool | None = None, baseline: bool | None = None) -> Decision:
         """Add one episode's outcome(s) and return the (latched) decision."""
         if self.paired:

@@ -3,7 +3,7 @@
 An xdist worker (or the only process under ``-n 0``) registers :class:`WorkerHooks` once the run
 uses pytest-hud. They declare the collected episodes to the controller, reuse resumed episodes,
 skip what the sequential gate has decided, attach every episode to its test's call phase, and put
-the episode's record (:mod:`pytest_hud.core.outcome`) on the test's report for the controller.
+the episode's record (:mod:`pytest_hud.core.classify`) on the test's report for the controller.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def uses_hud(items: list[pytest.Item]) -> bool:
 
 
 def item_identity(item: pytest.Item) -> dict[str, Any]:
-    """Task, episode id and seed of a test item (see :func:`pytest_hud.core.outcome.episode_identity`)."""
-    from pytest_hud.core.outcome import episode_identity
+    """Task, episode id and seed of a test item (see :func:`pytest_hud.core.classify.episode_identity`)."""
+    from pytest_hud.core.classify import episode_identity
 
     callspec = getattr(item, "callspec", None)
     return episode_identity(item.nodeid, callspec.params if callspec is not None else None,
@@ -60,7 +60,7 @@ def item_axes(item: pytest.Item, settings: HudSettings) -> dict[str, dict[str, A
     for a marker that says its levels share no initial states by seed. Raises ``ValueError``
     when a marker names a parameter the test does not have.
     """
-    from pytest_hud.core.outcome import episode_identity
+    from pytest_hud.core.classify import episode_identity
 
     named: dict[str, str | None] = dict(settings.axes)
     marked: set[str] = set()
@@ -405,7 +405,7 @@ class WorkerHooks:
         return report
 
     def _record(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> dict[str, Any]:
-        from pytest_hud.core.outcome import classify, episode_record, skip_reason
+        from pytest_hud.core.classify import classify, episode_record, skip_reason
 
         episodes = item.stash.get(EPISODES_KEY, [])
         result = next((ep.result for ep in reversed(episodes) if ep.result is not None), None)
@@ -438,7 +438,7 @@ class WorkerHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
-        from pytest_hud.core.outcome import episode_teststatus
+        from pytest_hud.core.classify import episode_teststatus
 
         return episode_teststatus(report)
 

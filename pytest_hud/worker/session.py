@@ -26,7 +26,7 @@ from pytest_hud.core.contract import Contract
 from pytest_hud.client.episode import Episode, EpisodeError
 from pytest_hud.worker.keys import EPISODES_KEY, SESSION_KEY, worker_session
 from pytest_hud.recording.recorder import Recorder
-from pytest_hud.recording.recorders import open_recorders
+from pytest_hud.recording.from_settings import open_recorders
 from pytest_hud.wire.rpc import RpcClient, RpcError
 from pytest_hud.core.settings import HudSettings
 

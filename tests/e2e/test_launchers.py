@@ -78,7 +78,7 @@ def test_a_lease_on_a_gone_service_is_reported_lost(tmp_path):
 @pytest.mark.slow
 def test_a_bridge_whose_controller_never_holds_its_lease_exits_by_itself(tmp_path):
     announce = tmp_path / "bridge.json"
-    proc, _ = launch([sys.executable, "-m", "pytest_hud.sim", f"{SIMKIT}:counter", "--width", "1",
+    proc, _ = launch([sys.executable, "-m", "pytest_hud.bridge", f"{SIMKIT}:counter", "--width", "1",
                       "--lease", "1", "--announce", str(announce)], tmp_path, "bridge",
                      env=dict(os.environ, SDL_VIDEODRIVER="dummy"))
     assert "lease" in json.loads(announce.read_text())
@@ -140,7 +140,7 @@ def one():
 @pytest.mark.slow
 def test_a_run_uses_bridges_listed_in_the_environment(pytester, tmp_path):
     announce = tmp_path / "bridge.json"
-    bridge, _ = launch([sys.executable, "-m", "pytest_hud.sim", f"{SIMKIT}:counter", "--width", "2",
+    bridge, _ = launch([sys.executable, "-m", "pytest_hud.bridge", f"{SIMKIT}:counter", "--width", "2",
                         "--announce", str(announce)], tmp_path, "bridge",
                        env=dict(os.environ, SDL_VIDEODRIVER="dummy"))
     try:

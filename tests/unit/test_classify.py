@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_hud.core.outcome import classify, episode_identity, episode_record, skip_reason
+from pytest_hud.core.classify import classify, episode_identity, episode_record, skip_reason
 
 
 class Failed(Exception):
@@ -77,7 +77,7 @@ def test_one_result_type_from_the_bridges_grade_to_the_results_line():
     from dataclasses import fields
 
     from pytest_hud.bridge.slots import Slot
-    from pytest_hud.core.outcome import episode_record
+    from pytest_hud.core.classify import episode_record
     from pytest_hud.core.results import EpisodeRecord, EpisodeResult
 
     slot = Slot(2, seed=7, prompt="push", steps=30, total_reward=4.5, success=True, terminated=True)

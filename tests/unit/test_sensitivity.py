@@ -7,7 +7,7 @@ import pytest
 
 from pytest_hud.controller.ledger import Ledger
 from pytest_hud.core.results import EpisodeRecord, Results
-from pytest_hud.core.sensitivity import sensitivity_tables, tables_from_dicts
+from pytest_hud.core.sensitivity import sensitivity_tables
 from pytest_hud.core.settings import HudSettings, SettingsError
 from pytest_hud.gate import GateConfig, gate_passed
 from pytest_hud.report.markdown import summary_markdown
@@ -117,10 +117,8 @@ def test_records_without_axes_make_no_table():
     assert sensitivity_tables([EpisodeRecord(task="t", episode="0", nodeid="t[0]", outcome="passed", success=True)]) == []
 
 
-def test_the_tables_survive_the_results_file_and_read_the_same_in_every_report():
+def test_the_tables_read_the_same_in_every_report():
     tables = sensitivity_tables(suite({"none": 10, "small": 9, "large": 1}))
-    again = tables_from_dicts([t.to_dict() for t in tables])
-    assert sensitivity_lines(again) == sensitivity_lines(tables)
     lines = sensitivity_lines(tables)
     assert lines[0].startswith("robustness: p (reference none; pooled over 1 task;")
     assert lines[-2].endswith("WORSE") and lines[-2].split()[0] == "large"

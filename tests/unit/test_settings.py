@@ -65,5 +65,4 @@ def test_clients_always_wait_longer_than_the_bridge_they_wait_on():
     t = build(cli={"first_action_timeout": 50.0, "step_timeout": 2.0, "boot_timeout": 10.0}).timeouts
     assert t == Timeouts(boot=10.0, first_action=50.0, step=2.0)
     assert t.recv > t.first_action + t.step
-    assert t.reset_wait > t.wait_slot
     assert t.pool_call > t.boot
