@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_hud.core.results import EpisodeResult, to_builtin
+from pytest_hud.core.results import EpisodeRecord, EpisodeResult, to_builtin
 
 __all__ = ["classify", "episode_identity", "episode_record", "episode_teststatus", "is_episode_error", "skip_reason"]
 
@@ -88,9 +88,10 @@ def skip_reason(longrepr: Any) -> str | None:
 
 def episode_record(ident: Mapping[str, Any], *, outcome: str, identity: Mapping[str, Any], worker: str,
                    duration_s: float, exc: BaseException | None = None, bridge_error: str | None = None,
-                   skipped_because: str | None = None, result: Any = None,
-                   grade: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The builtin-typed record a worker attaches to an episode's report (``hud_episode``).
+                   skipped_because: str | None = None, result: EpisodeResult | None = None,
+                   grade: Mapping[str, Any] | None = None) -> EpisodeRecord:
+    """The record of an episode test (``ident``: :func:`episode_identity`), which a worker sends on
+    the test's report (``hud_episode``, as :meth:`~pytest_hud.core.results.EpisodeRecord.to_dict`).
 
     ``result`` is the :class:`~pytest_hud.core.results.EpisodeResult` when the agent finished the episode;
     ``grade`` the bridge's grade when only that is known (the test failed before the agent returned).
@@ -101,23 +102,17 @@ def episode_record(ident: Mapping[str, Any], *, outcome: str, identity: Mapping[
             error = str(bridge_error)[:2000]
         elif exc is not None:
             error = f"{type(exc).__name__}: {exc}"[:2000]
-    record: dict[str, Any] = {
-        **ident,
-        "identity": dict(identity),
-        "outcome": outcome,
-        "success": {"passed": True, "failed": False}.get(outcome),
-        "worker": worker,
-        "duration_s": float(duration_s),
-        "error": error,
-        "skip_reason": skipped_because if outcome == "skipped" else None,
-    }
+    record = EpisodeRecord(
+        task=ident["task"], episode=ident["episode"], nodeid=ident["nodeid"], seed=ident.get("seed"),
+        outcome=outcome, success={"passed": True, "failed": False}.get(outcome), worker=worker,
+        duration_s=float(duration_s), error=error, skip_reason=skipped_because if outcome == "skipped" else None,
+        identity=to_builtin(dict(identity)),
+    )
     if result is not None:
-        record.update(result.record_fields())
-        if ident.get("seed") is None and result.seed is not None:
-            record["seed"] = result.seed
+        record.take_result(result)
     elif grade is not None:
-        record.update(EpisodeResult.from_dict(grade).record_fields(graded_only=True))
-    return to_builtin(record)
+        record.take_result(EpisodeResult.from_dict(grade), graded_only=True)
+    return record
 
 
 def is_episode_error(report: Any) -> bool:

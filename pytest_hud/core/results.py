@@ -26,6 +26,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -38,6 +39,7 @@ __all__ = [
     "EpisodeRecord",
     "EpisodeResult",
     "Results",
+    "ResultsWarning",
     "ResultsWriter",
     "TaskSummary",
     "aggregate",
@@ -48,6 +50,23 @@ __all__ = [
 
 SCHEMA = "pytest-hud/results/1"
 OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+class ResultsWarning(UserWarning):
+    """A record carries fields this version of pytest-hud does not know (a newer one wrote it)."""
+
+
+def _split_known(cls: type, data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    known = cls.__dataclass_fields__
+    return ({k: v for k, v in data.items() if k in known}, {k: v for k, v in data.items() if k not in known})
+
+
+def _warn_unknown(what: str, names: Iterable[str], consequence: str) -> None:
+    names = sorted(names)
+    if names:
+        warnings.warn(ResultsWarning(
+            f"{what} fields this version of pytest-hud does not know: {', '.join(names)}; {consequence}"
+            " (a newer pytest-hud wrote them: upgrade to read them)"), stacklevel=3)
 
 
 def to_builtin(value: Any) -> Any:
@@ -80,9 +99,9 @@ class EpisodeResult:
     The bridge grades a slot into one (:meth:`pytest_hud.bridge.slots.Slot.result`; it crosses the
     control channel as :meth:`to_dict`); the worker's episode completes it with what only the worker
     knows (:meth:`completed`: the duration, the policy's time, artefacts, an error of the agent's) and
-    hands it back from ``robot_agent.run``; the worker's record of the test takes its fields from it
-    (:meth:`record_fields`), so each field has one name and one meaning all the way to the results
-    file. Builtin types only, so it crosses the xdist channel as it is.
+    hands it back from ``robot_agent.run``; the worker's :class:`EpisodeRecord` of the test takes its
+    fields from it (:meth:`EpisodeRecord.take_result`), so each field has one name and one meaning all
+    the way to the results file. Builtin types only, so it crosses the xdist channel as it is.
     """
 
     success: bool
@@ -105,9 +124,13 @@ class EpisodeResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EpisodeResult:
-        """The result a bridge's ``result(token)`` answered (fields it does not send keep their defaults)."""
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """The result a bridge's ``result(token)`` answered (fields it does not send keep their defaults;
+        besides the claim's ``task``, which the episode keeps itself, fields it sends that this version
+        does not know are named in a :class:`ResultsWarning`)."""
+        known, unknown = _split_known(cls, data)
+        unknown.pop("task", None)
+        _warn_unknown("the bridge's episode result has", unknown, "they are not recorded")
+        return cls(**known)
 
     def completed(self, *, duration_s: float, inference_s: float = 0.0, error: str | None = None,
                   artefacts: Mapping[str, str] | None = None, slot: int | None = None,
@@ -119,25 +142,18 @@ class EpisodeResult:
             slot=self.slot if slot is None else slot, seed=self.seed if seed is None else seed,
             prompt=self.prompt if prompt is None else prompt)
 
-    def record_fields(self, *, graded_only: bool = False) -> dict[str, Any]:
-        """The results line's fields this result fills (``extra`` holds what the gate does not read).
-
-        ``graded_only``: the bridge graded the episode but the worker never completed it (the test
-        failed before the agent returned): the record keeps the test's own duration and artefacts.
-        """
-        if graded_only:
-            return {"score": self.score, "total_reward": self.total_reward, "steps": self.steps,
-                    "slot": self.slot, "extra": {"env_success": self.success}}
-        return {"score": self.score, "total_reward": self.total_reward, "steps": self.steps,
-                "duration_s": self.duration_s, "slot": self.slot, "artefacts": dict(self.artefacts),
-                "extra": {"env_success": self.success, "success_at_reset": self.success_at_reset,
-                          "inference_s": self.inference_s, "terminated": self.terminated,
-                          "truncated": self.truncated}}
-
 
 @dataclass
 class EpisodeRecord:
-    """One episode's outcome as the controller records it. Builtin types only."""
+    """One episode test's record: the one shape from the worker's grade to the results line and back.
+
+    The worker makes it (:func:`pytest_hud.core.classify.episode_record`) and sends it on the test's
+    report as :meth:`to_dict` (builtin types: it crosses the xdist channel); the controller reads it
+    back with :meth:`from_dict`, adds it to the ledger and writes it as one results line;
+    :func:`load_results` reads the line back into the same record. Fields this version does not know
+    (a newer pytest-hud wrote the file) are kept in :attr:`unknown`, named in a
+    :class:`ResultsWarning`, and written back as they were.
+    """
 
     task: str
     episode: str
@@ -165,14 +181,42 @@ class EpisodeRecord:
     #: robustness axes of the episode's test: axis -> {"level", "index", "reference", "task"}
     #: (:mod:`pytest_hud.core.sensitivity`); empty for tests without ``hud_axis``
     axes: dict[str, Any] = field(default_factory=dict)
+    #: fields of the line this version does not know, kept as they are (not a field of the line itself)
+    unknown: dict[str, Any] = field(default_factory=dict)
+
+    def take_result(self, result: EpisodeResult, *, graded_only: bool = False) -> None:
+        """Fill the fields the episode's result knows (``extra`` holds what the gate does not read).
+
+        ``graded_only``: the bridge graded the episode but the worker never completed it (the test
+        failed before the agent returned): the record keeps the test's own duration and artefacts.
+        """
+        self.score, self.total_reward, self.steps, self.slot = (
+            result.score, result.total_reward, result.steps, result.slot)
+        self.extra["env_success"] = result.success
+        if graded_only:
+            return
+        self.duration_s = result.duration_s
+        self.artefacts = dict(result.artefacts)
+        self.extra.update(success_at_reset=result.success_at_reset, inference_s=result.inference_s,
+                          terminated=result.terminated, truncated=result.truncated)
+        if self.seed is None and result.seed is not None:
+            self.seed = result.seed
 
     def to_dict(self) -> dict[str, Any]:
-        return to_builtin(asdict(self))
+        """The record as builtin types: its fields, then the unknown ones it was read with."""
+        data = to_builtin(asdict(self))
+        unknown = data.pop("unknown")
+        return {**data, **{k: v for k, v in unknown.items() if k not in data}}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EpisodeRecord:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: Mapping[str, Any], *, warn: bool = True) -> EpisodeRecord:
+        """The record ``data`` describes; keys it does not know go to :attr:`unknown` and, unless
+        ``warn`` is false (the caller reports them itself), into a :class:`ResultsWarning`."""
+        known, unknown = _split_known(cls, data)
+        unknown = {**dict(known.pop("unknown", None) or {}), **unknown}  # a record's own dict() keeps its name
+        if warn:
+            _warn_unknown("an episode record has", unknown, "kept as they are")
+        return cls(**known, unknown=unknown)
 
 
 @dataclass
@@ -336,6 +380,7 @@ def load_results(path: str | os.PathLike[str]) -> Results:
         raise ValueError(f"cannot read results file {str(path)!r}: {exc}") from None
     run: dict[str, Any] = {}
     episodes: list[EpisodeRecord] = []
+    unknown: set[str] = set()
     summary: dict[str, Any] | None = None
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -352,13 +397,15 @@ def load_results(path: str | os.PathLike[str]) -> Results:
                 raise ValueError(f"{path} has schema {rec.get('schema')!r}, expected {SCHEMA!r}")
             run = rec
         elif kind == "episode":
-            episodes.append(EpisodeRecord.from_dict(rec))
+            episodes.append(EpisodeRecord.from_dict({k: v for k, v in rec.items() if k != "record"}, warn=False))
+            unknown.update(episodes[-1].unknown)
         elif kind == "summary":
             summary = rec
         else:
             raise ValueError(f"{path}:{lineno} is not a pytest-hud results record")
     if not run:
         raise ValueError(f"{path} is not a pytest-hud results file (no 'run' record first)")
+    _warn_unknown(f"{path}: its episode records have", unknown, "kept as they are")
     return Results(run=run, episodes=episodes, summary=summary, path=str(path))
 
 

@@ -20,6 +20,7 @@ from pytest_hud.worker.keys import EPISODES_KEY, SESSION_KEY
 from pytest_hud.core.settings import HudSettings
 
 if TYPE_CHECKING:
+    from pytest_hud.core.results import EpisodeRecord
     from pytest_hud.worker.session import HudSession
 
 __all__ = ["EPISODE_FIXTURES", "LazyWorker", "WorkerHooks", "declaration", "is_episode_item",
@@ -280,7 +281,7 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
             "n_action_steps": hud.settings.n_action_steps}
 
 
-def with_placement(record: dict[str, Any], episodes: list[Any], policy: dict[str, Any] | None) -> dict[str, Any]:
+def with_placement(record: EpisodeRecord, episodes: list[Any], policy: dict[str, Any] | None) -> EpisodeRecord:
     """Add where the episode's bridge and policy server ran (cluster runs only) to ``record``.
 
     An error names the bridge's node, so a lost machine is visible in the episode's own line.
@@ -293,9 +294,9 @@ def with_placement(record: dict[str, Any], episodes: list[Any], policy: dict[str
         where.update(policy_node=policy["node"], policy_host=policy.get("host"), policy_replica=policy.get("replica"))
     if not where:
         return record
-    record["extra"] = dict(record.get("extra") or {}, **where)
-    if record.get("error") and "bridge_node" in where:
-        record["error"] = f"{record['error']} [bridge on node {where['bridge_host']} ({where['bridge_node']})]"
+    record.extra.update(where)
+    if record.error and "bridge_node" in where:
+        record.error = f"{record.error} [bridge on node {where['bridge_host']} ({where['bridge_node']})]"
     return record
 
 
@@ -394,17 +395,17 @@ class WorkerHooks:
         if report.when == "call" or (report.when == "setup" and not report.passed):
             artefacts = self.hud.flush_recorders() if report.when == "call" else {}
             record = self._record(item, call, report)
-            if artefacts and not record.get("artefacts"):
-                record["artefacts"] = artefacts  # an errored episode has no result to carry them
-            report.hud_episode = record
+            if artefacts and not record.artefacts:
+                record.artefacts = artefacts  # an errored episode has no result to carry them
+            report.hud_episode = data = record.to_dict()  # builtin types: it crosses the xdist channel
             props = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
                      "duration_s", "slot")
-            props = [(k, record[k]) for k in props if record.get(k) is not None]
+            props = [(k, data[k]) for k in props if data.get(k) is not None]
             report.user_properties.extend(props)
             item.user_properties.extend(props)  # JUnit XML reads properties from the teardown report
         return report
 
-    def _record(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> dict[str, Any]:
+    def _record(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> EpisodeRecord:
         from pytest_hud.core.classify import classify, episode_record, skip_reason
 
         episodes = item.stash.get(EPISODES_KEY, [])
@@ -422,18 +423,16 @@ class WorkerHooks:
         claimed = next((ep for ep in reversed(episodes)
                         if getattr(ep, "started", None) is not None and hasattr(ep, "definition")), None)
         if claimed is not None:  # what defines the episode: it can be run again from this line
-            record["claim"] = claimed.definition()
-            if record.get("seed") is None and claimed.seed is not None:
-                record["seed"] = claimed.seed
+            record.claim = claimed.definition()
+            if record.seed is None and claimed.seed is not None:
+                record.seed = claimed.seed
         contract = next((ep.contract for ep in reversed(episodes) if getattr(ep, "contract", None) is not None), None)
         if contract is not None:  # what the policy saw and sent: part of what defines the task for the gate
-            record["contract"] = contract.signature()
+            record.contract = contract.signature()
         try:
-            axes = item_axes(item, self.hud.settings)
+            record.axes = item_axes(item, self.hud.settings)
         except ValueError:
-            axes = {}  # the declaration reported it as a usage error
-        if axes:
-            record["axes"] = axes
+            pass  # the declaration reported it as a usage error
         return with_placement(record, episodes, self.hud.policy_places.get(item_settings(item, self.hud).policy or ""))
 
     @pytest.hookimpl(tryfirst=True)
@@ -443,15 +442,18 @@ class WorkerHooks:
         return episode_teststatus(report)
 
 
-def _replay(item: pytest.Item, record: dict[str, Any]) -> None:
+def _replay(item: pytest.Item, data: dict[str, Any]) -> None:
     """Report a reused episode with its recorded outcome, without running it."""
     from _pytest.reports import TestReport
 
+    from pytest_hud.core.results import EpisodeRecord
+
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    record = dict(record, reused=True, nodeid=item.nodeid)
+    record = EpisodeRecord.from_dict(data, warn=False)  # the controller read the line (and reported what it did not know)
+    record.reused, record.nodeid = True, item.nodeid
     for when in ("setup", "call", "teardown"):
-        failed = when == "call" and record["outcome"] == "failed"
+        failed = when == "call" and record.outcome == "failed"
         report = TestReport(
             item.nodeid, item.location, {}, "failed" if failed else "passed",
             "reused from an earlier run (--hud-resume): the episode failed there" if failed else None,
@@ -459,6 +461,6 @@ def _replay(item: pytest.Item, record: dict[str, Any]) -> None:
             user_properties=[("reused", True)] if when == "call" else [],
         )
         if when == "call":
-            report.hud_episode = record
+            report.hud_episode = record.to_dict()
         ihook.pytest_runtest_logreport(report=report)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)

@@ -64,12 +64,12 @@ def test_the_record_carries_the_bridge_error_and_builtin_numbers():
                            inference_s=0.1, terminated=False, truncated=True, seed=4)
     rec = episode_record({"task": "t", "episode": "4", "seed": None, "nodeid": "n"}, outcome="error",
                          identity={}, worker="gw0", duration_s=1.0, exc=AssertionError("x"),
-                         bridge_error="slot 1: no action within 30 s", result=result)
+                         bridge_error="slot 1: no action within 30 s", result=result).to_dict()
     assert rec["error"] == "slot 1: no action within 30 s" and rec["success"] is None and rec["seed"] == 4
     assert type(rec["steps"]) is int and type(rec["score"]) is float
     failed = episode_record({"task": "t", "episode": "4", "seed": 4, "nodeid": "n"}, outcome="failed",
                             identity={}, worker="gw0", duration_s=1.0, exc=AssertionError("x"))
-    assert failed["success"] is False and failed["error"] is None
+    assert failed.success is False and failed.error is None
 
 
 def test_one_result_type_from_the_bridges_grade_to_the_results_line():
@@ -90,11 +90,14 @@ def test_one_result_type_from_the_bridges_grade_to_the_results_line():
     assert not grade.completed(duration_s=1.0, error="EpisodeError: boom").success  # the agent's error wins
     record = episode_record({"task": "t.py::test_x", "episode": "7", "nodeid": "t.py::test_x[7]", "seed": 7},
                             outcome="passed", identity={}, worker="gw0", duration_s=2.0, result=done)
-    names = {f.name for f in fields(EpisodeRecord)}
-    assert set(done.record_fields()) <= names  # every field lands under its own name in the results line
-    line = EpisodeRecord.from_dict(record)
+    assert isinstance(record, EpisodeRecord)  # the worker's grade is the record itself, no dict built by hand
+    # every field of the result lands under its own name, or in extra, of the record
+    landed = {f.name for f in fields(EpisodeRecord)} | set(record.extra) | {"success", "error", "prompt"}
+    assert {f.name for f in fields(EpisodeResult)} <= landed
+    line = EpisodeRecord.from_dict(json.loads(json.dumps(record.to_dict())))  # the xdist channel, the file
+    assert line == record
     assert (line.steps, line.total_reward, line.duration_s, line.slot) == (30, 4.5, 1.5, 2)
     assert line.extra["inference_s"] == 0.25 and line.artefacts == {"video": "v.mp4"}
     graded = episode_record({"task": "t", "episode": "1", "nodeid": "t[1]"}, outcome="error", identity={},
                             worker="gw0", duration_s=3.0, grade=wire, bridge_error="boom")
-    assert graded["duration_s"] == 3.0 and graded["steps"] == 30 and graded["extra"] == {"env_success": True}
+    assert graded.duration_s == 3.0 and graded.steps == 30 and graded.extra == {"env_success": True}

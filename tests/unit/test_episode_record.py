@@ -1,0 +1,68 @@
+"""One episode record from the worker to the results line and back: what a newer pytest-hud wrote is
+kept and named, never dropped."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from pytest_hud.core.results import EpisodeRecord, EpisodeResult, ResultsWarning, ResultsWriter, load_results
+
+NEWER = {"task": "t.py::test_x", "episode": "3", "nodeid": "t.py::test_x[3]", "outcome": "passed", "success": True,
+         "steps": 12, "sim_success": True, "placement": {"rack": "b7"}}
+
+
+def test_a_record_keeps_the_fields_it_does_not_know_and_names_them():
+    with pytest.warns(ResultsWarning, match="does not know: placement, sim_success; kept as they are"):
+        record = EpisodeRecord.from_dict(NEWER)
+    assert (record.task, record.steps) == ("t.py::test_x", 12)
+    assert record.unknown == {"sim_success": True, "placement": {"rack": "b7"}}
+    data = record.to_dict()
+    assert data["sim_success"] is True and data["placement"] == {"rack": "b7"} and "unknown" not in data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert EpisodeRecord.from_dict(data, warn=False) == record  # the caller reports them itself
+
+
+def test_a_record_this_version_wrote_reads_back_equal_and_without_a_warning():
+    record = EpisodeRecord(task="t", episode="1", nodeid="t[1]", outcome="failed", success=False, seed=1,
+                           extra={"env_success": False}, claim={"seed": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert EpisodeRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+
+
+def test_a_newer_results_file_loads_with_one_warning_and_is_written_back_whole(tmp_path):
+    newer = tmp_path / "newer.jsonl"
+    writer = ResultsWriter(newer, {}, "run-1")
+    writer.close()
+    with open(newer, "a", encoding="utf-8") as fh:
+        for episode in ("3", "4"):
+            fh.write(json.dumps({"record": "episode", **NEWER, "episode": episode}) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = load_results(newer)
+    named = [w for w in caught if issubclass(w.category, ResultsWarning)]
+    assert len(named) == 1, [str(w.message) for w in caught]  # one per file, not one per line
+    assert str(named[0].message).startswith(f"{newer}: its episode records have fields")
+    assert "placement, sim_success" in str(named[0].message)
+    assert [r.unknown["sim_success"] for r in results.episodes] == [True, True]
+
+    again = tmp_path / "again.jsonl"  # e.g. a merge or a resumed run writing the records again
+    writer = ResultsWriter(again, {}, "run-2")
+    for record in results.episodes:
+        writer.episode(record)
+    writer.close()
+    lines = [json.loads(line) for line in again.read_text().splitlines()[1:]]
+    assert all(line["sim_success"] is True and line["placement"] == {"rack": "b7"} for line in lines)
+
+
+def test_the_bridges_grade_names_fields_it_cannot_record():
+    grade = {"success": True, "score": 1.0, "total_reward": 2.0, "steps": 5, "task": {"seed": 1}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert EpisodeResult.from_dict(grade).steps == 5  # the claim's task is the episode's own business
+    with pytest.warns(ResultsWarning, match="the bridge's episode result has fields .* does not know: sim_time"):
+        EpisodeResult.from_dict({**grade, "sim_time": 0.5})
