@@ -12,7 +12,10 @@ prompt to an action ``[A]`` or an action chunk ``[T, A]`` that the agent execute
             ...
 
 A policy spec is ``module:factory`` or ``path/to/file.py:factory`` (called with the contract when
-it accepts an argument), a local LeRobot checkpoint directory, or an openpi server ``ws://`` URL.
+it accepts an argument), a local LeRobot checkpoint directory, or an openpi server ``ws://`` URL:
+parsed once into a :class:`~pytest_hud.core.specs.Spec` (:func:`policy_spec`), whose ``kind`` every
+function here dispatches on; a factory is found by the core's one resolver
+(:func:`pytest_hud.core.specs.resolve`).
 """
 
 from __future__ import annotations
@@ -26,13 +29,36 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from pytest_hud.core.contract import Contract
+from pytest_hud.core.specs import Spec, SpecError, parse_spec, resolve, unimportable
 from pytest_hud.agent.lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
 
-__all__ = ["Model", "PolicyError", "as_model", "check_policy_spec", "load_policy", "policy_kind", "policy_content_hash"]
+__all__ = ["Model", "PolicyError", "as_model", "check_policy_spec", "load_policy", "policy_content_hash",
+           "policy_spec"]
 
 
-class PolicyError(ValueError):
+class PolicyError(SpecError):
     """A policy spec that cannot be loaded (the message names the spec and the fix)."""
+
+
+def policy_spec(spec: Spec | str) -> Spec:
+    """``spec`` parsed as a policy spec, where it enters (the controller's check, a worker's agent,
+    the server's ``--policy``); a parsed one as it is. Raises :class:`PolicyError` for text that
+    cannot be a policy spec."""
+    if isinstance(spec, Spec):
+        return spec
+    try:
+        return parse_spec(spec, "policy")
+    except SpecError as exc:
+        raise PolicyError(str(exc)) from None
+
+
+def _check_checkpoint(spec: Spec) -> None:
+    """Raise :class:`PolicyError` unless a ``checkpoint`` spec's folder is a LeRobot checkpoint."""
+    if not looks_like_lerobot_checkpoint(Path(spec.text).expanduser()):
+        raise PolicyError(
+            f"policy {spec.text!r} is neither 'module:factory', 'path/to/file.py:factory', a LeRobot "
+            "checkpoint directory (config.json + model.safetensors) nor a ws:// policy-server URL"
+            + _why_not_a_checkpoint(Path(spec.text).expanduser()))
 
 
 @runtime_checkable
@@ -66,23 +92,8 @@ def as_model(obj: Any) -> Any:
     )
 
 
-def policy_kind(spec: str) -> str:
-    """``openpi`` for ws:// URLs, ``lerobot`` for checkpoint directories, else ``factory``."""
-    if spec.startswith(("ws://", "wss://")):
-        return "openpi"
-    if looks_like_lerobot_checkpoint(Path(spec).expanduser()):
-        return "lerobot"
-    if ":" in spec:
-        return "factory"
-    raise PolicyError(
-        f"policy {spec!r} is neither 'module:factory', 'path/to/file.py:factory', a LeRobot "
-        "checkpoint directory (config.json + model.safetensors) nor a ws:// policy-server URL"
-        + _why_not_a_checkpoint(Path(spec).expanduser())
-    )
-
-
-def check_policy_spec(spec: str, here: Path | None = None) -> str:
-    """Check a policy spec without running any of its code; returns its kind, raises :class:`PolicyError`.
+def check_policy_spec(spec: Spec | str, here: Path | None = None) -> Spec:
+    """Check a policy spec without running any of its code; returns it parsed, raises :class:`PolicyError`.
 
     A ``file.py:factory`` file must exist (relative to ``here``, the directory pytest runs in, as
     the workers load it) and bind the name ``factory`` somewhere in its source; a ``module:factory``
@@ -91,42 +102,40 @@ def check_policy_spec(spec: str, here: Path | None = None) -> str:
     not spend). A module whose top level decides its names at run time (``from x import *``, a
     module ``__getattr__``) is given the benefit of the doubt.
     """
-    kind = policy_kind(spec)
-    if kind != "factory":
-        return kind
-    where, _, attr = spec.rpartition(":")
-    if not attr or not where:
-        raise PolicyError(f"policy {spec!r} must be 'module:factory' or 'path/to/file.py:factory'")
-    if where.endswith(".py"):
+    spec = policy_spec(spec)
+    if spec.kind == "checkpoint":
+        _check_checkpoint(spec)
+    if not spec.is_factory:
+        return spec
+    where, attr = spec.location, spec.attr
+    if spec.kind == "file":
         file = Path(where).expanduser()
         if not file.is_absolute() and here is not None:
             file = here / file
         if not file.is_file():
             looked = f" (looked in {str(here)!r})" if here is not None and not Path(where).is_absolute() else ""
-            raise PolicyError(f"policy file {where!r} of {spec!r} does not exist{looked}")
+            raise PolicyError(f"policy file {where!r} of {spec.text!r} does not exist{looked}")
     else:
         import importlib.util
 
         try:
             found = importlib.util.find_spec(where)
         except (ImportError, ValueError) as exc:
-            raise PolicyError(f"policy {spec!r}: module {where!r} cannot be found ({exc})") from None
+            raise PolicyError(f"policy {spec.text!r}: module {where!r} cannot be found ({exc})") from None
         if found is None:
-            from pytest_hud.sim.target import unimportable
-
-            raise PolicyError(f"policy {spec!r}: {unimportable(where)} (name a module on the import path, "
+            raise PolicyError(f"policy {spec.text!r}: {unimportable(where)} (name a module on the import path, "
                               "or the file: 'path/to/file.py:factory')")
         file = Path(found.origin) if found.origin and found.origin.endswith(".py") else None
         if file is None:
-            return kind
+            return spec
     names = _top_level_names(file)
     if names is not None and attr not in names:
         import difflib
 
         close = difflib.get_close_matches(attr, sorted(names), n=1)
-        raise PolicyError(f"policy {spec!r}: {str(file)!r} defines no {attr!r}"
+        raise PolicyError(f"policy {spec.text!r}: {str(file)!r} defines no {attr!r}"
                           + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return kind
+    return spec
 
 
 def _top_level_names(file: Path) -> set[str] | None:
@@ -171,31 +180,34 @@ def _why_not_a_checkpoint(folder: Path) -> str:
             "such as the pretrained_model folder of a training run?)")
 
 
-def _factory_file(spec: str) -> Path | None:
-    where = spec.rpartition(":")[0]
-    if where.endswith(".py"):
-        return Path(where).expanduser()
+def _factory_file(spec: Spec) -> Path | None:
+    if spec.kind == "file":
+        return Path(spec.location).expanduser()
     try:
         import importlib.util
 
-        found = importlib.util.find_spec(where)
+        found = importlib.util.find_spec(spec.location)
     except (ImportError, ValueError):
         return None
     return Path(found.origin) if found and found.origin else None
 
 
-def policy_files(spec: str) -> list[str] | None:
+def policy_files(spec: Spec | str | None) -> list[str] | None:
     """The files that define the policy, as absolute paths in hashing order: a checkpoint's files,
     or a factory's module (and the ``checkpoints/`` folder beside it); None for a policy without
     files (a ws:// server, a module that cannot be found) or a spec that names nothing."""
     try:
-        kind = policy_kind(spec) if spec else None
+        spec = policy_spec(spec) if spec else None
     except PolicyError:
         return None
-    if kind == "lerobot":
-        root = Path(spec).expanduser()
+    if spec is None:
+        return None
+    if spec.kind == "checkpoint":
+        root = Path(spec.text).expanduser()
+        if not looks_like_lerobot_checkpoint(root):
+            return None
         files = sorted(p for p in root.rglob("*") if p.is_file())
-    elif kind == "factory":
+    elif spec.is_factory:
         file = _factory_file(spec)
         if file is None or not file.is_file():
             return None
@@ -226,7 +238,7 @@ def hash_files(files: Sequence[str], stop: Any = None) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def policy_content_hash(spec: str) -> str | None:
+def policy_content_hash(spec: Spec | str) -> str | None:
     """A sha256 over the files that define the policy (:func:`policy_files`), None without files.
 
     Provenance for the results file and the identity that resume matches on.
@@ -235,14 +247,15 @@ def policy_content_hash(spec: str) -> str | None:
     return None if files is None else hash_files(files)
 
 
-def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
+def load_policy(spec: Spec | str, contract: Contract, **options: Any) -> Any:
     """Build the model a ``--hud-policy`` spec names, for a bridge with ``contract``."""
-    kind = policy_kind(spec)
-    if kind == "openpi":
+    spec = policy_spec(spec)
+    if spec.kind == "url":
         from pytest_hud.agent.remote import RemotePolicy
 
-        return RemotePolicy(spec, **{k: v for k, v in options.items() if k in ("timeout", "api_key")})
-    if kind == "lerobot":
+        return RemotePolicy(spec.text, **{k: v for k, v in options.items() if k in ("timeout", "api_key")})
+    if spec.kind == "checkpoint":
+        _check_checkpoint(spec)
         from pytest_hud.agent.lerobot import LeRobotPolicy
 
         threads = options.get("threads")
@@ -254,21 +267,19 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
             torch.set_num_threads(int(threads))
         try:
             return LeRobotPolicy.from_checkpoint(
-                spec, contract.observation_shapes(), device=options.get("device", "cpu"), n_action_steps=options.get("n_action_steps")
+                spec.text, contract.observation_shapes(), device=options.get("device", "cpu"), n_action_steps=options.get("n_action_steps")
             )
         except ImportError as exc:  # its message already names the fix
             raise PolicyError(str(exc)) from None
-    from pytest_hud.sim.target import TargetError, resolve_factory, unimportable
-
     try:
-        factory = resolve_factory(spec, what="policy")
-    except (TargetError, ImportError) as exc:
-        raise PolicyError(f"cannot load policy {spec!r}: {exc}") from None
+        factory = resolve(spec)
+    except (SpecError, ImportError) as exc:
+        raise PolicyError(f"cannot load policy {spec.text!r}: {exc}") from None
     if factory is None:
-        raise PolicyError(f"cannot load policy {spec!r}: {unimportable(spec.rpartition(':')[0])} (name a module "
+        raise PolicyError(f"cannot load policy {spec.text!r}: {unimportable(spec.location)} (name a module "
                           "on the import path, or the file: 'path/to/file.py:factory')")
     if not callable(factory):
-        raise PolicyError(f"policy {spec!r} does not name a callable factory")
+        raise PolicyError(f"policy {spec.text!r} does not name a callable factory")
     try:
         takes_arg = bool(inspect.signature(factory).parameters)
     except (TypeError, ValueError):

@@ -238,11 +238,11 @@ class HudController:
         while the sims boot (:meth:`pytest_hud.controller.pool.SimPool.prestart_policy_server`)."""
         if not self.settings.policy_server:
             return
-        from pytest_hud.agent.model import PolicyError, policy_kind
+        from pytest_hud.agent.model import PolicyError, check_policy_spec
 
         for spec in specs:
             try:
-                if policy_kind(spec) != "openpi":
+                if check_policy_spec(spec).kind != "url":  # a ws:// policy is someone else's server
                     self.pool.prestart_policy_server(spec, worker)
             except PolicyError:
                 pass  # the test that uses it reports the bad spec

@@ -152,14 +152,17 @@ def main(argv: list[str] | None = None) -> int:
 
     offline()  # a checkpoint is a local folder; never reach out
     try:
+        from pytest_hud.agent.model import policy_spec
+
+        spec = policy_spec(args.policy)  # parsed once: both loads dispatch on its kind
         model = None
         if args.contract_wait:
-            model = load_ahead(args.policy, args.device)  # while the sims boot
+            model = load_ahead(spec, args.device)  # while the sims boot
             if not wait_for_contract(args.contract_wait, parent):
                 return 0  # the run ended before any worker needed this server
             args.contract = args.contract_wait
         if model is None:
-            model = load_server_policy(args.policy, args.contract, args.device)
+            model = load_server_policy(spec, args.contract, args.device)
         elif args.contract:
             check_contract(model, args.contract)
     except Exception as exc:  # noqa: BLE001 - any load failure is reported the same way

@@ -23,37 +23,39 @@ import os
 import time
 from typing import Any
 
+from pytest_hud.core.specs import Spec, resolve
 from pytest_hud.launch.announce import parent_alive
 
 __all__ = ["check_contract", "load_ahead", "load_server_policy", "wait_for_contract"]
 
 
-def load_server_policy(spec: str, contract_path: str | None = None, device: str = "cpu") -> Any:
+def load_server_policy(spec: Spec | str, contract_path: str | None = None, device: str = "cpu") -> Any:
     """The model a server ``--policy`` spec names (see the module docstring for the contract rules)."""
     from pytest_hud.core.contract import Contract
-    from pytest_hud.agent.model import PolicyError, load_policy, policy_kind
+    from pytest_hud.agent.model import PolicyError, check_policy_spec, load_policy, policy_spec
 
-    kind = policy_kind(spec)
-    if kind == "openpi":
+    spec = policy_spec(spec)
+    if spec.kind == "url":
         raise PolicyError(
-            f"--policy {spec!r} is a policy-server URL; the server serves a local policy "
+            f"--policy {spec.text!r} is a policy-server URL; the server serves a local policy "
             "(a LeRobot checkpoint directory or 'module:factory'); point --hud-policy at the URL instead"
         )
     if contract_path:
         return load_policy(spec, Contract.load(contract_path), device=device)
-    if kind == "lerobot":
+    if spec.kind == "checkpoint":
+        check_policy_spec(spec)  # a folder that is no checkpoint says what it lacks
         try:
             from pytest_hud.agent.lerobot import LeRobotPolicy
         except ImportError as exc:
             raise PolicyError(
-                f"policy {spec!r} is a LeRobot checkpoint but LeRobot is not importable ({exc}); "
+                f"policy {spec.text!r} is a LeRobot checkpoint but LeRobot is not importable ({exc}); "
                 "install it with: pip install 'pytest-hud[lerobot]'"
             ) from None
-        return LeRobotPolicy.from_checkpoint(spec, None, device=device)
+        return LeRobotPolicy.from_checkpoint(spec.text, None, device=device)
     return load_policy(spec, None, device=device)  # type: ignore[arg-type]
 
 
-def load_ahead(spec: str, device: str = "cpu") -> Any | None:
+def load_ahead(spec: Spec | str, device: str = "cpu") -> Any | None:
     """What a server can do for ``spec`` before its contract is known.
 
     A LeRobot checkpoint loads without one (the contract only checks the inputs, afterwards:
@@ -62,16 +64,14 @@ def load_ahead(spec: str, device: str = "cpu") -> Any | None:
     is imported (None is returned). Raises what the load raises; the import is best effort (it
     fails again in the real load, which reports it).
     """
-    from pytest_hud.agent.model import policy_kind
+    from pytest_hud.agent.model import policy_spec
 
-    kind = policy_kind(spec)
-    if kind == "lerobot":
+    spec = policy_spec(spec)
+    if spec.kind == "checkpoint":
         return load_server_policy(spec, None, device)
-    if kind == "factory":
-        from pytest_hud.sim.target import resolve_factory
-
+    if spec.is_factory:
         with contextlib.suppress(Exception):
-            resolve_factory(spec)
+            resolve(spec)
     return None
 
 

@@ -6,70 +6,30 @@ otherwise it returns one env and the bridge vectorizes ``width`` copies with aut
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
+from pytest_hud.core.specs import Spec, SpecError, as_spec, resolve, unimportable
 from pytest_hud.sim.base import GymSim, VectorSim
 
-__all__ = ["TargetError", "resolve_factory", "load_sim", "describe_target"]
+__all__ = ["TargetError", "resolve_factory", "load_sim", "describe_target", "unimportable"]
 
 
-class TargetError(ValueError):
-    """A sim target that cannot be found or built."""
+#: A sim target that cannot be found or built (the core's :class:`~pytest_hud.core.specs.SpecError`).
+TargetError = SpecError
 
 
-def _load_from_path(path: str, attr: str, what: str = "sim target") -> Any:
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise TargetError(f"{what} file {path!r} does not exist")
-    name = f"_hud_sim_{abs(hash(str(file)))}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise TargetError(f"cannot import {path!r} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(file.parent))  # let the file import its neighbours
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(file.parent))
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise TargetError(f"{path!r} has no attribute {attr!r}") from None
-
-
-def resolve_factory(target: str, what: str = "sim target") -> Callable[..., Any] | None:
-    """The callable a ``module:attr`` or ``file.py:attr`` target names, or None for a gym id
-    (``what`` names the target in errors: a sim target, a policy)."""
-    if ":" not in target:
-        return None
-    where, _, attr = target.rpartition(":")
-    if where.endswith(".py") or "/" in where and Path(where).suffix == ".py":
-        return _load_from_path(where, attr, what)
-    try:
-        module = importlib.import_module(where)
-    except ModuleNotFoundError as exc:
-        if exc.name and where.startswith(exc.name):
-            return None  # maybe a namespaced gym id such as "gym_pusht/PushT-v0"
-        raise
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise TargetError(f"module {where!r} has no attribute {attr!r}") from None
-
-
-def unimportable(module: str) -> str:
-    """How an error says that ``module`` (of a ``module:factory``) cannot be imported."""
-    return f"no module {module!r} is importable here"
+def resolve_factory(target: Spec | str, what: str = "sim target") -> Callable[..., Any] | None:
+    """The callable a ``module:attr`` or ``file.py:attr`` target names, or None for a gym id (or a
+    module that is not importable here): :func:`pytest_hud.core.specs.resolve` for a sim spec."""
+    spec = as_spec(target, "sim")
+    return resolve(spec) if spec.is_factory else None
 
 
 def _check_gym_id(target: str) -> None:
+    """Raise :class:`TargetError` unless gymnasium knows ``target`` (a ``gym`` spec, or a ``module``
+    spec whose module is not importable here, which gymnasium may still know)."""
     import gymnasium as gym
 
     try:
@@ -84,15 +44,16 @@ def _check_gym_id(target: str) -> None:
         ) from None
 
 
-def describe_target(target: str) -> str:
+def describe_target(target: Spec | str) -> str:
     """Validate a target cheaply (no env is built) and say what it is; raise :class:`TargetError`."""
-    factory = resolve_factory(target)
+    spec = as_spec(target, "sim")
+    factory = resolve_factory(spec)
     if factory is None:
-        _check_gym_id(target)
-        return f"gymnasium id {target}"
+        _check_gym_id(spec.text)
+        return f"gymnasium id {spec.text}"
     if not callable(factory):
-        raise TargetError(f"sim target {target!r} is not callable")
-    return f"factory {target}"
+        raise TargetError(f"sim target {spec.text!r} is not callable")
+    return f"factory {spec.text}"
 
 
 def _accepts_num_envs(factory: Callable[..., Any]) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pytest_hud.agent.loop import Agent
-from pytest_hud.agent.model import PolicyError, load_policy, policy_kind
+from pytest_hud.agent.model import PolicyError, load_policy, policy_spec
 from pytest_hud.client.bridge import BridgeAddress, BridgeError, ControlClient
 from pytest_hud.core.contract import Contract
 from pytest_hud.client.episode import Episode, EpisodeError
@@ -158,9 +158,13 @@ class HudSession:
         if failed is not None:
             raise EpisodeError(f"{failed} (it failed to load earlier in this worker, so it is not loaded again)")
         if agent is None:
-            spec = policy
+            try:
+                spec = policy_spec(policy)  # parsed once here; loading dispatches on its kind
+            except PolicyError as exc:
+                self._load_failures[key] = str(exc)
+                raise EpisodeError(str(exc)) from None
             served: dict[str, Any] = {}
-            if self.settings.policy_server and policy_kind(policy) != "openpi":
+            if self.settings.policy_server and spec.kind != "url":
                 # One model copy for the whole run, batched across workers: this worker loads none.
                 try:
                     reply = self.pool_call("policy_server", spec=policy, contract=contract.to_dict(),
@@ -169,7 +173,7 @@ class HudSession:
                     raise EpisodeError(f"no policy server for {policy!r}: {exc.message}") from None
                 place = reply if isinstance(reply, dict) else {"url": reply}
                 self.policy_places[policy] = place
-                spec = place["url"]
+                spec = policy_spec(place["url"])  # the pool's server for it, a ws:// URL
                 # The pool starts its policy servers keyed with the run secret (listed ones bring their key).
                 served["api_key"] = place.get("key") or self.secret
             try:

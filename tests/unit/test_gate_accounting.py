@@ -182,16 +182,16 @@ def test_the_results_file_that_is_the_baseline_goes_beside_it(tmp_path: Path) ->
 def test_policy_specs_are_checked_without_running_them(tmp_path: Path) -> None:
     (tmp_path / "pol.py").write_text("import os\n\ndef balance():\n    return 1\n\nfast = balance\n")
     (tmp_path / "star.py").write_text("from os.path import *\n")
-    assert check_policy_spec("pol.py:balance", tmp_path) == "factory"
-    assert check_policy_spec("pol.py:fast", tmp_path) == "factory"
-    assert check_policy_spec("star.py:anything", tmp_path) == "factory"  # names known only at run time
+    assert check_policy_spec("pol.py:balance", tmp_path).kind == "file"
+    assert check_policy_spec("pol.py:fast", tmp_path).kind == "file"
+    assert check_policy_spec("star.py:anything", tmp_path).kind == "file"  # names known only at run time
     with pytest.raises(PolicyError, match="'nope.py' .*does not exist"):
         check_policy_spec("nope.py:balance", tmp_path)
     with pytest.raises(PolicyError, match="defines no 'balanse' \\(did you mean 'balance'\\?\\)"):
         check_policy_spec("pol.py:balanse", tmp_path)
     with pytest.raises(PolicyError, match="no module 'no_such_module_hud'"):
         check_policy_spec("no_such_module_hud:f", tmp_path)
-    assert check_policy_spec("ws://127.0.0.1:1", tmp_path) == "openpi"
+    assert check_policy_spec("ws://127.0.0.1:1", tmp_path).kind == "url"
 
 
 @pytest.mark.parametrize(("spec", "expected"), [

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pytest_hud.agent.model import PolicyError, load_policy, policy_kind
+from pytest_hud.agent.model import PolicyError, check_policy_spec, load_policy
 
 
 def test_a_path_that_is_no_checkpoint_says_what_it_lacks(tmp_path):
@@ -28,7 +28,7 @@ def test_a_path_that_is_no_checkpoint_says_what_it_lacks(tmp_path):
     (tmp_path / "empty").mkdir()
     for path, why in cases.items():
         with pytest.raises(PolicyError, match="is neither 'module:factory'") as caught:
-            policy_kind(str(path))
+            check_policy_spec(str(path))
         assert why in str(caught.value), (path, str(caught.value))
 
 
