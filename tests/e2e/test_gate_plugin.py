@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from pytest_hud.core.results import load_results
-from test_plugin import INI, SIMS
+from pluginkit import INI, SIMS
 
 pytestmark = pytest.mark.timeout(240)
 

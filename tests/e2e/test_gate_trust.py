@@ -18,7 +18,7 @@ import pytest
 
 from pytest_hud.core.results import load_results
 from test_gate_plugin import POLICIES, SUITE
-from test_plugin import INI, SIMS
+from pluginkit import INI, SIMS
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -305,22 +306,49 @@ def test_the_summary_asks_stuck_bridges_for_their_notes_all_at_once_and_gives_up
         def poll(self):
             return None
 
+    def closed(conn: socket.socket) -> bool:
+        """Whether the pool hung up on ``conn`` (what it sent is read and dropped)."""
+        try:
+            while data := conn.recv(65536, socket.MSG_DONTWAIT):
+                pass
+            return data == b""
+        except BlockingIOError:
+            return False
+
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
+    listener.settimeout(60)  # a bounded wait: a pool that never dials fails the test, never hangs it
     port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+    hung_up_before: list[int] = []  # per connection: how many earlier ones the pool had given up on
+
+    def accept_all() -> None:
+        for _ in range(5):
+            conn, _ = listener.accept()
+            hung_up_before.append(sum(closed(c) for c in held))
+            held.append(conn)
+
     pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
     for i in range(5):
         pool._bridges[(f"stuck{i}", "{}", 0)] = _Bridge(
             (f"stuck{i}", "{}", 0), Alive(), BridgeAddress(control=port, ws=port, secret="s3cret"), "", 0.0)
+    acceptor = threading.Thread(target=accept_all, daemon=True)
+    acceptor.start()
     try:
-        t0 = time.monotonic()
-        assert pool.stepping_notes(timeout=1.0) == []
-        took = time.monotonic() - t0
-        # One timeout for all five: asked in turn, they would take five (5 s or more); the 2 s between
-        # that and one timeout is the slack a loaded machine gets.
-        assert 1.0 <= took < 3.0, took
+        assert pool.stepping_notes(timeout=5.0) == []
+        acceptor.join(60)
+        # The order, not a clock: all five were asked before the pool gave up on any (asked in turn,
+        # each would be dialled only after the one before had timed out and been hung up on) ...
+        assert hung_up_before == [0, 0, 0, 0, 0], hung_up_before
+        # ... and by the time the summary has its notes, it has hung up on every one
+        deadline = time.monotonic() + 30
+        while not all(closed(c) for c in held):
+            assert time.monotonic() < deadline, "a stuck bridge's connection was left open"
+            time.sleep(0.05)
     finally:
+        for conn in held:
+            conn.close()
         listener.close()
 
 

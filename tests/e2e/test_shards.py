@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_hud.core.results import load_results
-from test_plugin import INI, SIMS
+from pluginkit import INI, SIMS
 
 pytestmark = pytest.mark.timeout(400)
 
