@@ -157,7 +157,8 @@ def _sensitivity(results: Results) -> list[Any]:
     from pytest_hud.core.sensitivity import sensitivity_tables
 
     stored = (results.summary or {}).get("sensitivity") or [{}]  # the run's own alpha, when it wrote tables
-    return sensitivity_tables(results.latest_episodes(), alpha=float(stored[0].get("alpha", 0.05)))
+    return sensitivity_tables(results.latest_episodes(), alpha=float(stored[0].get("alpha", 0.05)),
+                              min_coverage=float(stored[0].get("min_coverage", 0.9)))
 
 
 def report(args: argparse.Namespace) -> int:

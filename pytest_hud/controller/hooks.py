@@ -143,12 +143,13 @@ class HudController:
 
     def sensitivity(self) -> list[Any]:
         """The sensitivity tables of the run's robustness axes (``hud_axis``), pooled and per task;
-        empty for a run without axes. Holm's alpha is the gate's."""
+        empty for a run without axes. Holm's alpha and the coverage rule are the gate's."""
         from pytest_hud.core.sensitivity import sensitivity_tables
 
         with self._lock:
             records = list(self.records.values())
-        return sensitivity_tables(records, alpha=self.ledger.gate_config.alpha, per_task=True)
+        config = self.ledger.gate_config
+        return sensitivity_tables(records, alpha=config.alpha, per_task=True, min_coverage=config.min_coverage)
 
     def verdict_dicts(self) -> dict[str, dict[str, Any]] | None:
         return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}

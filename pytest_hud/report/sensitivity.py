@@ -3,10 +3,10 @@
     sensitivity_lines(tables) gives, per axis,
 
     robustness: perturbation (reference none; pooled over 2 tasks; one-sided exact tests, Holm over 3 levels, alpha 0.05)
-    level                n  succ    rate         95% CI     diff  test       p   p(Holm)
-    ----------------------------------------------------------------------------------------
-    none                20    20  100.0%  [83.9, 100.0]        -  ref
-    obs_noise_0.05      20     6   30.0%   [14.5, 51.9]   -70.0  paired   6.1e-05  0.00018  WORSE
+    level                n  err  succ    rate         95% CI     diff  test       p   p(Holm)
+    ---------------------------------------------------------------------------------------------
+    none                20    0    20  100.0%  [83.9, 100.0]        -  ref
+    obs_noise_0.05      20    0     6   30.0%   [14.5, 51.9]   -70.0  paired   6.1e-05  0.00018  WORSE
 
 Pure formatting of :class:`~pytest_hud.core.sensitivity.SensitivityTable`: no pytest, no I/O. Rates
 and intervals use the per-task table's helpers (:mod:`pytest_hud.report.table`).
@@ -24,7 +24,7 @@ from pytest_hud.report.table import format_interval, format_rate
 
 __all__ = ["sensitivity_html", "sensitivity_lines", "sensitivity_markdown"]
 
-_COLUMNS = (("n", 5), ("succ", 5), ("rate", 7), ("95% CI", 14), ("diff", 7), ("test", 8), ("p", 8),
+_COLUMNS = (("n", 5), ("err", 4), ("succ", 5), ("rate", 7), ("95% CI", 14), ("diff", 7), ("test", 8), ("p", 8),
             ("p(Holm)", 8))
 
 
@@ -43,8 +43,36 @@ def _test(row: LevelRow) -> str:
 
 
 def _cells(row: LevelRow) -> tuple[str, ...]:
-    return (str(row.n), str(row.successes), format_rate(row.rate), format_interval(row.ci_low, row.ci_high, row.n),
+    return (str(row.n), str(row.errors), str(row.successes), format_rate(row.rate), format_interval(row.ci_low, row.ci_high, row.n),
             _diff(row.difference), _test(row), _p(row.p_value), _p(row.adjusted_p))
+
+
+def _flag(table: SensitivityTable, row: LevelRow) -> str:
+    """``WORSE``, ``LOW COVERAGE`` (a level, or a reference, under the coverage rule) or nothing."""
+    if row.significantly_worse:
+        return "WORSE"
+    return "LOW COVERAGE" if row.low_coverage or row.status(table.reference_low) == "low coverage" else ""
+
+
+def verdict_lines(table: SensitivityTable) -> list[str]:
+    """What the table says, in words: the problem, the worse levels, the levels not judged."""
+    if table.problem:
+        return [table.problem]
+    out = []
+    if table.worse:
+        out.append(f"{table.axis}: significantly worse than {table.reference}: " + ", ".join(table.worse))
+    low = [r for r in table.rows if r.low_coverage]
+    if low:
+        shown = ", ".join(f"{r.level} ({r.n}/{r.n + r.errors} graded)" for r in low)
+        judged = ("so no level is called not worse" if table.reference_low
+                  else "not judged: never called not worse")
+        out.append(f"{table.axis}: under the {table.min_coverage:.0%} coverage rule (errors are dropped from "
+                   f"the test, which hides an error that replaced a failure): {shown}; {judged}")
+    if not table.worse:
+        other = " other" if low and not table.reference_low else ""
+        if not table.reference_low:
+            out.append(f"{table.axis}: no{other} level significantly worse than {table.reference}")
+    return out
 
 
 def heading(table: SensitivityTable) -> str:
@@ -67,14 +95,8 @@ def sensitivity_lines(tables: Iterable[SensitivityTable], width: int = 110) -> l
         for row in table.rows:
             label = row.level if len(row.level) <= level_w else "…" + row.level[-(level_w - 1):]
             text = f"{label:<{level_w}}" + "".join(f" {c:>{w}}" for c, (_, w) in zip(_cells(row), _COLUMNS, strict=True))
-            lines.append((text + ("  WORSE" if row.significantly_worse else "")).rstrip())
-        if table.problem:
-            lines.append(f"robustness: {table.problem}")
-        elif table.worse:
-            lines.append(f"robustness: {table.axis}: significantly worse than {table.reference}: "
-                         + ", ".join(table.worse))
-        else:
-            lines.append(f"robustness: {table.axis}: no level significantly worse than {table.reference}")
+            lines.append((text + "  " + _flag(table, row)).rstrip())
+        lines += [f"robustness: {line}" for line in verdict_lines(table)]
     return lines
 
 
@@ -87,14 +109,14 @@ def sensitivity_markdown(tables: Iterable[SensitivityTable]) -> str:
     out: list[str] = []
     for table in tables:
         out += [f"#### Robustness: {_md(heading(table))}", "",
-                "| Level | n | Successes | Rate | 95% CI | Diff (pts) | Test | p | p (Holm) | |",
-                "|:--|--:|--:|--:|:--:|--:|:--|--:|--:|:--|"]
+                "| Level | n | Errors | Successes | Rate | 95% CI | Diff (pts) | Test | p | p (Holm) | |",
+                "|:--|--:|--:|--:|--:|:--:|--:|:--|--:|--:|:--|"]
         for row in table.rows:
             c = _cells(row)
-            flag = "❌ worse" if row.significantly_worse else ""
+            flag = {"WORSE": "❌ worse", "LOW COVERAGE": "⚠️ low coverage", "": ""}[_flag(table, row)]
             out.append(f"| `{_md(row.level)}` | " + " | ".join(c) + f" | {flag} |")
-        if table.problem:
-            out += ["", f"⚠️ {_md(table.problem)}"]
+        out += [""] + [f"{'⚠️ ' if table.problem or 'coverage rule' in line else ''}{_md(line)}"
+                       for line in verdict_lines(table)]
         out.append("")
     return "\n".join(out)
 
@@ -102,17 +124,18 @@ def sensitivity_markdown(tables: Iterable[SensitivityTable]) -> str:
 def sensitivity_html(tables: Iterable[SensitivityTable]) -> str:
     """The tables as a ``<div class="hud-sensitivity">`` (inside the summary section), ``""`` without any."""
     parts: list[str] = []
-    heads = ["Level", "n", "Successes", "Rate", "95% CI", "Diff (pts)", "Test", "p", "p (Holm)", ""]
+    heads = ["Level", "n", "Errors", "Successes", "Rate", "95% CI", "Diff (pts)", "Test", "p", "p (Holm)", ""]
     for table in tables:
         parts.append(f"<h3>Robustness: {escape(heading(table))}</h3>")
         parts.append('<table class="hud-table hud-sensitivity-table"><thead><tr>'
                      + "".join(f'<th class="hud-task">{h}</th>' if h == "Level" else f"<th>{h}</th>" for h in heads)
                      + "</tr></thead><tbody>")
         for row in table.rows:
-            flag = '<td style="color:#c62828;font-weight:bold">worse</td>' if row.significantly_worse else "<td></td>"
+            flag = {"WORSE": '<td style="color:#c62828;font-weight:bold">worse</td>',
+                    "LOW COVERAGE": '<td style="color:#b26a00;font-weight:bold">low coverage</td>',
+                    "": "<td></td>"}[_flag(table, row)]
             parts.append(f'<tr data-level="{escape(row.level)}"><td class="hud-task">{escape(row.level)}</td>'
                          + "".join(f"<td>{escape(c)}</td>" for c in _cells(row)) + flag + "</tr>")
         parts.append("</tbody></table>")
-        if table.problem:
-            parts.append(f'<p class="hud-note">{escape(table.problem)}</p>')
+        parts += [f'<p class="hud-note">{escape(line)}</p>' for line in verdict_lines(table)]
     return f'<div class="hud-sensitivity">{"".join(parts)}</div>' if parts else ""

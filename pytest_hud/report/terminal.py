@@ -34,7 +34,7 @@ def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None,
         from pytest_hud.report.sensitivity import sensitivity_lines
 
         for line in sensitivity_lines(sensitivity):
-            tr.write_line(line, red=line.endswith("WORSE"))
+            tr.write_line(line, red=line.endswith("WORSE"), yellow=line.endswith("LOW COVERAGE"))
     if results is not None:
         tr.write_line(f"results: {results}")
     for note in notes or ():
