@@ -85,6 +85,11 @@ class SensitivityTable:
     min_coverage: float = 0.0
 
     @property
+    def exploratory(self) -> bool:
+        """A per-task table: Holm within its own levels only, no error control across tasks or axes."""
+        return self.scope != POOLED
+
+    @property
     def reference_low(self) -> bool:
         """The reference lost too many episodes to errors: no level can be called not worse."""
         return any(r.is_reference and r.low_coverage for r in self.rows)
@@ -102,7 +107,8 @@ class SensitivityTable:
     def to_dict(self) -> dict[str, Any]:
         rows = [dict(row, coverage=r.coverage, status=r.status(self.reference_low))
                 for row, r in zip(asdict(self)["rows"], self.rows, strict=True)]
-        return to_builtin(dict(asdict(self), rows=rows, worse=self.worse, low_coverage=self.low_coverage))
+        return to_builtin(dict(asdict(self), rows=rows, worse=self.worse, low_coverage=self.low_coverage,
+                               family="exploratory" if self.exploratory else "axis"))
 
 
 def _axis_entries(records: Iterable[EpisodeRecord]) -> dict[str, list[tuple[EpisodeRecord, dict[str, Any]]]]:
@@ -174,7 +180,10 @@ def sensitivity_tables(records: Iterable[EpisodeRecord], alpha: float = 0.05,
     """One table per axis pooled over its tasks, then (``per_task``) one per task of each axis.
 
     Records without ``axes`` are ignored, so a run without axes gets no table. A family for Holm is
-    one table: the pooled table and each per-task table are adjusted on their own. A level whose
+    one table. The pooled table of an axis is its family-wise verdict: the chance that it flags any
+    level although none is worse is at most ``alpha`` (per axis: k axes, k families). The per-task
+    tables are *exploratory*: each is adjusted over its own levels only, so with many tasks some
+    table flags a level by chance; every output labels them so. A level whose
     graded episodes are under ``min_coverage`` of its graded and errored ones (the gate's coverage
     rule, ``--hud-min-coverage``) is marked *low coverage*: errors are dropped from both sides of a
     test, which is sound only when an error is unrelated to the outcome it replaced, so such a level

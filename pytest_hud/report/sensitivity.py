@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from pytest_hud.core.sensitivity import POOLED, LevelRow, SensitivityTable
+from pytest_hud.core.sensitivity import LevelRow, SensitivityTable
 from pytest_hud.report.table import format_interval, format_rate
 
 __all__ = ["sensitivity_html", "sensitivity_lines", "sensitivity_markdown"]
@@ -50,7 +50,7 @@ def _cells(row: LevelRow) -> tuple[str, ...]:
 def _flag(table: SensitivityTable, row: LevelRow) -> str:
     """``WORSE``, ``LOW COVERAGE`` (a level, or a reference, under the coverage rule) or nothing."""
     if row.significantly_worse:
-        return "WORSE"
+        return "WORSE (exploratory)" if table.exploratory else "WORSE"
     return "LOW COVERAGE" if row.low_coverage or row.status(table.reference_low) == "low coverage" else ""
 
 
@@ -60,7 +60,8 @@ def verdict_lines(table: SensitivityTable) -> list[str]:
         return [table.problem]
     out = []
     if table.worse:
-        out.append(f"{table.axis}: significantly worse than {table.reference}: " + ", ".join(table.worse))
+        out.append(f"{table.axis}: significantly worse than {table.reference}: " + ", ".join(table.worse)
+                   + (f" (exploratory, in {table.scope} alone: not corrected across tasks)" if table.exploratory else ""))
     low = [r for r in table.rows if r.low_coverage]
     if low:
         shown = ", ".join(f"{r.level} ({r.n}/{r.n + r.errors} graded)" for r in low)
@@ -78,10 +79,13 @@ def verdict_lines(table: SensitivityTable) -> list[str]:
 def heading(table: SensitivityTable) -> str:
     """What the table is: the axis, its reference, its scope and the test family."""
     tested = sum(1 for r in table.rows if r.p_value is not None)
-    scope = (f"pooled over {len(table.tasks)} task{'s' if len(table.tasks) != 1 else ''}" if table.scope == POOLED
-             else table.scope)
-    return (f"{table.axis} (reference {table.reference}; {scope}; one-sided exact tests, "
-            f"Holm over {tested} level{'s' if tested != 1 else ''}, alpha {table.alpha:g})")
+    levels = f"{tested} level{'s' if tested != 1 else ''}"
+    if table.exploratory:
+        return (f"{table.axis} (reference {table.reference}; {table.scope}; exploratory: one-sided exact tests, "
+                f"Holm over this task's {levels} only, alpha {table.alpha:g}; the pooled table is the verdict)")
+    tasks = f"{len(table.tasks)} task{'s' if len(table.tasks) != 1 else ''}"
+    return (f"{table.axis} (reference {table.reference}; pooled over {tasks}; one-sided exact tests, "
+            f"Holm over {levels}, alpha {table.alpha:g})")
 
 
 def sensitivity_lines(tables: Iterable[SensitivityTable], width: int = 110) -> list[str]:
@@ -113,7 +117,8 @@ def sensitivity_markdown(tables: Iterable[SensitivityTable]) -> str:
                 "|:--|--:|--:|--:|--:|:--:|--:|:--|--:|--:|:--|"]
         for row in table.rows:
             c = _cells(row)
-            flag = {"WORSE": "❌ worse", "LOW COVERAGE": "⚠️ low coverage", "": ""}[_flag(table, row)]
+            flag = {"WORSE": "❌ worse", "WORSE (exploratory)": "❔ worse (exploratory)",
+                    "LOW COVERAGE": "⚠️ low coverage", "": ""}[_flag(table, row)]
             out.append(f"| `{_md(row.level)}` | " + " | ".join(c) + f" | {flag} |")
         out += [""] + [f"{'⚠️ ' if table.problem or 'coverage rule' in line else ''}{_md(line)}"
                        for line in verdict_lines(table)]
@@ -132,6 +137,7 @@ def sensitivity_html(tables: Iterable[SensitivityTable]) -> str:
                      + "</tr></thead><tbody>")
         for row in table.rows:
             flag = {"WORSE": '<td style="color:#c62828;font-weight:bold">worse</td>',
+                    "WORSE (exploratory)": '<td style="color:#c62828">worse (exploratory)</td>',
                     "LOW COVERAGE": '<td style="color:#b26a00;font-weight:bold">low coverage</td>',
                     "": "<td></td>"}[_flag(table, row)]
             parts.append(f'<tr data-level="{escape(row.level)}"><td class="hud-task">{escape(row.level)}</td>'
