@@ -96,3 +96,51 @@ def test_a_level_that_errs_where_it_would_fail_shows_its_errors_and_is_not_judge
     assert (high["errors"], high["status"]) == (errors, "low coverage") and pooled["low_coverage"] == ["high"]
     md = (pytester.path / "summary.md").read_text()
     assert f"| `high` | {n} | {errors} | {successes} |" in md and "⚠️ low coverage" in md
+
+
+# The perturbed level drops the pole at once from seed FAIL_FROM on (the environment variable
+# stands in for a perturbation whose strength a baseline and a candidate may disagree on).
+GATE_SUITE = '''
+import os
+
+import pytest
+
+pytestmark = [pytest.mark.hud(sim="sims.py:cartpole", policy="policies:balance"),
+              pytest.mark.hud_axis("p", reference="none")]
+
+
+@pytest.fixture(params=["none", "perturbed"])
+def p(request):
+    return request.param
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_balance(shared_sim, robot_agent, p, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed))
+    fails_from = int(os.environ.get("FAIL_FROM", "30")) if p == "perturbed" else 30
+    assert result.success and seed < fails_from
+'''
+
+
+def test_the_gate_tells_a_levels_own_baseline_from_the_reference(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Baseline: reference 30/30, perturbed 5/30; now the same: it passes against its own level, and the
+    same run fails against a baseline whose perturbed level did as well as the reference."""
+    pytester.makepyfile(sims=SIMS, policies=POLICIES, test_suite=GATE_SUITE)
+    run = ("-p", "no:cacheprovider", "-n", "2", "--hud-width=2")
+    monkeypatch.setenv("FAIL_FROM", "5")
+    assert pytester.runpytest_subprocess(*run, "--hud-results=own.jsonl", timeout=200).ret == 1
+    monkeypatch.setenv("FAIL_FROM", "30")
+    assert pytester.runpytest_subprocess(*run, "--hud-results=reference.jsonl", timeout=200).ret == 0
+    monkeypatch.setenv("FAIL_FROM", "5")
+    task = "test_suite.py::test_balance[p=perturbed]"
+    passed = pytester.runpytest_subprocess(*run, "--hud-baseline=own.jsonl", "--hud-results=a.jsonl", timeout=200)
+    assert passed.ret == 0, passed.stdout.str()
+    gate = {g["task"]: g for g in json.loads((pytester.path / "a.jsonl").read_text().splitlines()[-1])["gate"]}
+    assert gate[task]["baseline_rate"] == gate[task]["current_rate"] == 5 / 30
+    failed = pytester.runpytest_subprocess(*run, "--hud-baseline=reference.jsonl", "--hud-results=b.jsonl",
+                                           timeout=200)
+    assert failed.ret == 1
+    gate = {g["task"]: g for g in json.loads((pytester.path / "b.jsonl").read_text().splitlines()[-1])["gate"]}
+    assert gate[task]["verdict"] == "regression" and gate[task]["baseline_rate"] == 1.0, gate[task]
+    assert gate["test_suite.py::test_balance[p=none]"]["verdict"] != "regression"
