@@ -13,10 +13,10 @@ unit that pairs episodes across levels: the same task, the same episode id, anot
 that has it, and optionally one per task. A row per level: graded episodes, successes, the rate and
 its 95% Wilson interval (over all its graded episodes), errors, the difference from the reference on
 what the test compared (the shared pairs when paired), and the exact one-sided
-test of :func:`pytest_hud.stats.compare_levels` (paired McNemar when the levels ran the same episodes,
-else Boschloo; always Boschloo for an axis marked ``paired=False``, whose records say
-``"paired": false``), Holm-adjusted over the table's levels, with a flag for the levels significantly
-worse.
+test of :func:`pytest_hud.stats.compare_levels` (paired McNemar within each task when the levels ran
+the same episodes; otherwise, and always for an axis marked ``paired=False``, whose records say
+``"paired": false``, Boschloo's test for one task and the exact test stratified by task for several),
+Holm-adjusted over the table's levels, with a flag for the levels significantly worse.
 """
 
 from __future__ import annotations
@@ -111,6 +111,11 @@ class SensitivityTable:
                                family="exploratory" if self.exploratory else "axis"))
 
 
+def _task_of(key: tuple[str, str]) -> str:
+    """An episode key's stratum: its task (the pooled table's unpaired levels are tested within tasks)."""
+    return key[0]
+
+
 def _axis_entries(records: Iterable[EpisodeRecord]) -> dict[str, list[tuple[EpisodeRecord, dict[str, Any]]]]:
     by_axis: dict[str, list[tuple[EpisodeRecord, dict[str, Any]]]] = {}
     for rec in records:
@@ -158,7 +163,8 @@ def _table(axis: str, reference: str | None, scope: str, entries: list[tuple[Epi
     # an axis whose levels do not share initial states by seed (hud_axis(..., paired=False))
     paired = all(entry.get("paired", True) for _, entry in entries)
     tests = {} if table.problem else compare_levels(
-        graded[reference], {lv: graded[lv] for lv in levels if lv != reference}, alpha, paired=paired)
+        graded[reference], {lv: graded[lv] for lv in levels if lv != reference}, alpha, paired=paired,
+        stratum=_task_of)
     for level in levels:
         outcomes = graded[level]
         n, s = len(outcomes), sum(outcomes.values())

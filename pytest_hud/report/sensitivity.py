@@ -24,7 +24,7 @@ from pytest_hud.report.table import format_interval, format_rate
 
 __all__ = ["sensitivity_html", "sensitivity_lines", "sensitivity_markdown"]
 
-_COLUMNS = (("n", 5), ("err", 4), ("succ", 5), ("rate", 7), ("95% CI", 14), ("diff", 7), ("test", 8), ("p", 8),
+_COLUMNS = (("n", 5), ("err", 4), ("succ", 5), ("rate", 7), ("95% CI", 14), ("diff", 7), ("test", 10), ("p", 8),
             ("p(Holm)", 8))
 
 
@@ -33,13 +33,14 @@ def _p(value: float | None) -> str:
 
 
 def _diff(value: float | None) -> str:
-    return "-" if value is None else f"{100.0 * value:+.1f}"
+    return "-" if value is None else f"{round(100.0 * value, 1) + 0.0:+.1f}"  # + 0.0: never "-0.0"
 
 
 def _test(row: LevelRow) -> str:
     if row.is_reference:
         return "ref"
-    return {"paired-mcnemar": "paired", "unpaired-boschloo": "unpaired"}.get(row.test or "", "-")
+    return {"paired-mcnemar": "paired", "unpaired-boschloo": "unpaired",
+            "unpaired-stratified": "stratified"}.get(row.test or "", "-")
 
 
 def _cells(row: LevelRow) -> tuple[str, ...]:
@@ -69,10 +70,10 @@ def verdict_lines(table: SensitivityTable) -> list[str]:
                   else "not judged: never called not worse")
         out.append(f"{table.axis}: under the {table.min_coverage:.0%} coverage rule (errors are dropped from "
                    f"the test, which hides an error that replaced a failure): {shown}; {judged}")
-    if not table.worse:
-        other = " other" if low and not table.reference_low else ""
-        if not table.reference_low:
-            out.append(f"{table.axis}: no{other} level significantly worse than {table.reference}")
+    judged = [r for r in table.rows if r.status(table.reference_low) == "not worse"]
+    if not table.worse and judged:
+        other = " other" if low else ""
+        out.append(f"{table.axis}: no{other} level significantly worse than {table.reference}")
     return out
 
 

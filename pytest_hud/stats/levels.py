@@ -20,6 +20,11 @@ Which test, and why:
   declared ``paired=False``, whose levels do not share initial states by seed): exact, never
   above its level, and uniformly more powerful than Fisher's exact test, whose p-value it never
   exceeds (Fisher conditions on the total successes and is conservative at the small n of an eval).
+- **Unpaired and stratified** when the episodes come from several tasks (a table pooled over
+  tasks, ``stratum`` given): the exact conditional test over the tasks' 2x2 tables
+  (:mod:`.strata`). Pooled counts would compare task mixes: a level that errs on half of an easy
+  task's episodes looks worse pooled although no task changed. Pairs are always within a task
+  (the key holds the task), so the paired test needs no stratifying.
 
 These are the rules of the regression gate (:mod:`pytest_hud.gate.evaluation`, rules 2 and 3), so a
 level and a baseline are judged alike. The choice depends on which episodes were graded, never on
@@ -41,11 +46,12 @@ graded episodes): a level is *significantly worse* when its Holm-adjusted p-valu
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pytest_hud.stats.rates import boschloo_exact_one_sided, holm_adjusted, mcnemar_exact_one_sided
+from pytest_hud.stats.strata import stratified_difference, stratified_exact_one_sided
 
 __all__ = ["PAIRED_MIN_OVERLAP", "LevelTest", "compare_levels"]
 
@@ -63,7 +69,7 @@ class LevelTest:
     """
 
     level: str
-    test: str  # "paired-mcnemar", "unpaired-boschloo" or "none"
+    test: str  # "paired-mcnemar", "unpaired-boschloo", "unpaired-stratified" or "none"
     paired: bool
     drop: float | None
     p_value: float | None
@@ -77,7 +83,20 @@ class LevelTest:
         return asdict(self)
 
 
-def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool], paired: bool = True) -> LevelTest:
+def _tables(ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool],
+            stratum: Callable[[Hashable], Hashable]) -> list[tuple[int, int, int, int]]:
+    """One ``(s_level, n_level, s_ref, n_ref)`` per stratum."""
+    counts: dict[Hashable, list[int]] = {}
+    for side, outcomes in ((0, cur), (2, ref)):
+        for key, ok in outcomes.items():
+            row = counts.setdefault(stratum(key), [0, 0, 0, 0])
+            row[side] += bool(ok)
+            row[side + 1] += 1
+    return [(a, b, c, d) for a, b, c, d in counts.values()]
+
+
+def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool], paired: bool = True,
+         stratum: Callable[[Hashable], Hashable] | None = None) -> LevelTest:
     if not ref or not cur:
         return LevelTest(level, "none", False, None, None, None, False)
     shared = set(ref) & set(cur)
@@ -86,26 +105,34 @@ def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool],
         better = sum(1 for k in shared if cur[k] and not ref[k])
         return LevelTest(level, "paired-mcnemar", True, (worse - better) / len(shared),
                          mcnemar_exact_one_sided(worse, better), None, False, len(shared), worse, better)
+    tables = _tables(ref, cur, stratum) if stratum is not None else []
+    if len(tables) > 1:
+        return LevelTest(level, "unpaired-stratified", False, stratified_difference(tables),
+                         stratified_exact_one_sided(tables), None, False)
     s_ref, s_cur = sum(map(bool, ref.values())), sum(map(bool, cur.values()))
     p = boschloo_exact_one_sided(s_cur, len(cur), s_ref, len(ref))
     return LevelTest(level, "unpaired-boschloo", False, s_ref / len(ref) - s_cur / len(cur), p, None, False)
 
 
 def compare_levels(reference: Mapping[Hashable, bool], levels: Mapping[str, Mapping[Hashable, bool]],
-                   alpha: float = 0.05, paired: bool = True) -> dict[str, LevelTest]:
+                   alpha: float = 0.05, paired: bool = True,
+                   stratum: Callable[[Hashable], Hashable] | None = None) -> dict[str, LevelTest]:
     """Each level of ``levels`` against ``reference``, Holm-adjusted over the levels that were tested.
 
     ``reference`` and each level map an episode key to success (graded episodes only: errors and
     skips are left out by the caller). Returns a :class:`LevelTest` per level, in the given order.
     ``paired=False`` says that a key does not fix the same initial state at every level (a variant
-    suite with initial states of its own): every level is then tested unpaired.
+    suite with initial states of its own): every level is then tested unpaired. ``stratum`` maps an
+    episode key to its stratum (its task, for a table pooled over tasks): an unpaired level whose
+    episodes fall in more than one stratum is tested with the exact conditional test stratified by
+    it (:func:`~pytest_hud.stats.strata.stratified_exact_one_sided`), never on pooled counts.
 
         >>> compare_levels({"a": True}, {"x": {}})["x"].test
         'none'
     """
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha={alpha} must be strictly between 0 and 1")
-    tests = {name: _one(name, reference, outcomes, paired) for name, outcomes in levels.items()}
+    tests = {name: _one(name, reference, outcomes, paired, stratum) for name, outcomes in levels.items()}
     adjusted = holm_adjusted({name: t.p_value for name, t in tests.items() if t.p_value is not None})
     out: dict[str, LevelTest] = {}
     for name, t in tests.items():

@@ -144,3 +144,39 @@ def test_the_gate_tells_a_levels_own_baseline_from_the_reference(
     gate = {g["task"]: g for g in json.loads((pytester.path / "b.jsonl").read_text().splitlines()[-1])["gate"]}
     assert gate[task]["verdict"] == "regression" and gate[task]["baseline_rate"] == 1.0, gate[task]
     assert gate["test_suite.py::test_balance[p=none]"]["verdict"] != "regression"
+
+
+# Two tasks, the hard one failing two seeds in three at every level; the "errs" level's harness falls
+# over on the easy task's odd seeds: no task's rate changes, only the mix of graded episodes.
+MIX_SUITE = '''
+import pytest
+
+pytestmark = [pytest.mark.hud(sim="sims.py:cartpole", policy="policies:balance"),
+              pytest.mark.hud_axis("level", reference="none")]
+
+
+@pytest.mark.parametrize("level", ["none", "errs"])
+@pytest.mark.parametrize("task", ["easy", "hard"])
+@pytest.mark.parametrize("seed", range(10))
+def test_balance(shared_sim, robot_agent, task, level, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed))
+    if level == "errs" and task == "easy" and seed % 2:
+        raise RuntimeError("the harness fell over")
+    assert result.success and (task == "easy" or seed % 3 == 0)
+'''
+
+
+def test_the_pooled_row_of_an_error_shifted_mix_is_stratified_by_task(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(sims=SIMS, policies=POLICIES, test_suite=MIX_SUITE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2",
+                                           "--hud-results=results.jsonl", timeout=200)
+    out = result.stdout.str()
+    rows = table_rows(result.stdout.lines, "level")
+    assert rows["none"][1:4] == ["20", "0", "14"], out  # easy 10/10, hard 4/10
+    assert rows["errs"][1:4] == ["15", "5", "9"] and rows["errs"][8] == "stratified", out  # easy 5/5, hard 4/10
+    assert rows["errs"][7] == "+0.0", out  # the same rate in each task: no difference once stratified
+    summary = json.loads((pytester.path / "results.jsonl").read_text().splitlines()[-1])
+    pooled, *per_task = summary["sensitivity"]
+    assert pooled["family"] == "axis" and pooled["rows"][1]["test"] == "unpaired-stratified"
+    assert pooled["worse"] == [] and pooled["rows"][1]["p_value"] > 0.5 and pooled["rows"][1]["difference"] == 0
+    assert [t["family"] for t in per_task] == ["exploratory", "exploratory"]
