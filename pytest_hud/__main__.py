@@ -130,12 +130,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _text_report(results: Results, verdicts: Mapping[str, Any] | None, baseline: Results | None,
                  width: int, gate: list[Verdict] | None = None, strict: bool = False) -> list[str]:
-    from pytest_hud.report.table import gate_lines, summary_lines, verdict_dict
+    from pytest_hud.report.table import gate_lines, sim_success_notes, summary_lines, verdict_dict
 
     lines = [f"results: {results.path}" + ("" if results.complete else " (incomplete)")]
     if baseline is not None:
         lines.append(f"baseline: {baseline.path}" + ("" if baseline.complete else " (incomplete)"))
     lines += summary_lines(results.tasks(), verdicts, width=width)
+    lines += [f"warning: {note}" for note in sim_success_notes(results.tasks())]
     tables = _sensitivity(results)
     if tables:
         from pytest_hud.report.sensitivity import sensitivity_lines
