@@ -167,6 +167,7 @@ class ItemSettings:
     max_steps: int | None
     build: dict[str, Any]
     min_success: float | None
+    metric: str | None = None  # hud(metric="score"): the gate compares this test's scores
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,7 @@ class HudSettings:
             max_steps=int(max_steps) if max_steps else None,
             build=dict(marks.get("build") or {}),
             min_success=None if floor is None else float(floor),
+            metric=_metric(marks.get("metric")),
         )
 
     def replace(self, **changes: Any) -> HudSettings:
@@ -369,3 +371,11 @@ def parse_resources(text: str | None, option: str) -> dict[str, float]:
 
 def _either(choices: tuple[str, ...]) -> str:
     return ", ".join(choices[:-1]) + f" or {choices[-1]}"
+
+
+def _metric(value: Any) -> str | None:
+    """A ``hud(metric=...)`` value checked: ``"success"`` or ``"score"``."""
+    if value is None or value in ("success", "score"):
+        return value
+    raise SettingsError(f"hud(metric={value!r}): the metric must be 'success' (the test's outcome) or 'score'"
+                        " (the sim's graded score per episode)")

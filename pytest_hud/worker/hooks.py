@@ -150,6 +150,8 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
             settings = item_settings(item, hud)
             if settings.min_success is not None:
                 ident["min_success"] = settings.min_success
+            if settings.metric is not None:
+                ident["metric"] = settings.metric
             try:
                 axes = item_axes(item, hud.settings)
             except ValueError as exc:
