@@ -158,8 +158,11 @@ def _sensitivity(results: Results) -> list[Any]:
     from pytest_hud.core.sensitivity import sensitivity_tables
 
     stored = (results.summary or {}).get("sensitivity") or [{}]  # the run's own alpha, when it wrote tables
-    return sensitivity_tables(results.latest_episodes(), alpha=float(stored[0].get("alpha", 0.05)),
-                              min_coverage=float(stored[0].get("min_coverage", 0.9)))
+    episodes = results.latest_episodes()
+    scored_axes = {t.get("axis") for t in stored if t.get("metric") == "score"}  # as the run tabled them
+    scored = {r.task for r in episodes if scored_axes & set(r.axes or ())}
+    return sensitivity_tables(episodes, alpha=float(stored[0].get("alpha", 0.05)),
+                              min_coverage=float(stored[0].get("min_coverage", 0.9)), score_tasks=scored)
 
 
 def report(args: argparse.Namespace) -> int:

@@ -21,12 +21,12 @@ Holm-adjusted over the table's levels, with a flag for the levels significantly 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_hud.core.results import EpisodeRecord, to_builtin
-from pytest_hud.stats import compare_levels, wilson_interval
+from pytest_hud.stats import compare_level_scores, compare_levels, wilson_interval
 
 __all__ = ["LevelRow", "SensitivityTable", "sensitivity_tables"]
 
@@ -54,6 +54,7 @@ class LevelRow:
     significantly_worse: bool = False
     n_pairs: int = 0
     low_coverage: bool = False  # graded / (graded + errors) under the table's min_coverage
+    mean_score: float | None = None  # the mean graded score (a table on the score metric)
 
     @property
     def coverage(self) -> float | None:
@@ -83,6 +84,7 @@ class SensitivityTable:
     rows: list[LevelRow] = field(default_factory=list)
     problem: str | None = None  # why the levels could not be tested (no graded reference episode)
     min_coverage: float = 0.0
+    metric: str = "success"  # or "score": the levels' graded scores, compared with rank tests
 
     @property
     def exploratory(self) -> bool:
@@ -138,9 +140,10 @@ def _reference(axis: str, entries: list[tuple[EpisodeRecord, dict[str, Any]]]) -
 
 
 def _table(axis: str, reference: str | None, scope: str, entries: list[tuple[EpisodeRecord, dict[str, Any]]],
-           alpha: float, problem: str | None, min_coverage: float) -> SensitivityTable:
+           alpha: float, problem: str | None, min_coverage: float, metric: str = "success") -> SensitivityTable:
     order: dict[str, tuple[int, int]] = {}
     graded: dict[str, dict[tuple[str, str], bool]] = {}
+    scored: dict[str, dict[tuple[str, str], float]] = {}
     errors: dict[str, int] = {}
     for seen, (rec, entry) in enumerate(entries):
         level = str(entry["level"])
@@ -149,12 +152,16 @@ def _table(axis: str, reference: str | None, scope: str, entries: list[tuple[Epi
         graded.setdefault(level, {})
         errors.setdefault(level, 0)
         if rec.outcome in ("passed", "failed") and rec.success is not None:
-            graded[level][(str(entry.get("task", rec.task)), str(rec.episode))] = bool(rec.success)
+            key = (str(entry.get("task", rec.task)), str(rec.episode))
+            graded[level][key] = bool(rec.success)
+            if rec.score is not None:
+                scored.setdefault(level, {})[key] = float(rec.score)
         elif rec.outcome == "error":
             errors[level] += 1
     levels = sorted(order, key=lambda lv: (lv != reference, order[lv]))
     tasks = sorted({str(e.get("task", r.task)) for r, e in entries})
-    table = SensitivityTable(axis, reference, scope, tasks, alpha, problem=problem, min_coverage=min_coverage)
+    table = SensitivityTable(axis, reference, scope, tasks, alpha, problem=problem, min_coverage=min_coverage,
+                             metric=metric)
     if problem is None and reference not in order:
         table.problem = (f"the reference level {reference!r} of axis {axis!r} has no episodes"
                          + ("" if scope == POOLED else f" in {scope}") + ": the levels are not tested")
@@ -162,9 +169,15 @@ def _table(axis: str, reference: str | None, scope: str, entries: list[tuple[Epi
         table.problem = f"the reference level {reference!r} of axis {axis!r} has no graded episode: the levels are not tested"
     # an axis whose levels do not share initial states by seed (hud_axis(..., paired=False))
     paired = all(entry.get("paired", True) for _, entry in entries)
-    tests = {} if table.problem else compare_levels(
-        graded[reference], {lv: graded[lv] for lv in levels if lv != reference}, alpha, paired=paired,
-        stratum=_task_of)
+    if table.problem:
+        tests = {}
+    elif metric == "score":
+        tests = compare_level_scores(scored.get(reference or "", {}),
+                                     {lv: scored.get(lv, {}) for lv in levels if lv != reference}, alpha,
+                                     paired=paired, stratum=_task_of)
+    else:
+        tests = compare_levels(graded[reference], {lv: graded[lv] for lv in levels if lv != reference}, alpha,
+                               paired=paired, stratum=_task_of)
     for level in levels:
         outcomes = graded[level]
         n, s = len(outcomes), sum(outcomes.values())
@@ -172,6 +185,8 @@ def _table(axis: str, reference: str | None, scope: str, entries: list[tuple[Epi
         rate = s / n if n else None
         row = LevelRow(level, level == reference, n, s, errors[level], rate, low, high)
         row.low_coverage = n + errors[level] > 0 and n < min_coverage * (n + errors[level])
+        if scored.get(level):
+            row.mean_score = sum(scored[level].values()) / len(scored[level])
         t = tests.get(level)
         if t is not None:
             row.difference = None if t.drop is None else -t.drop  # on what the test compared
@@ -182,7 +197,8 @@ def _table(axis: str, reference: str | None, scope: str, entries: list[tuple[Epi
 
 
 def sensitivity_tables(records: Iterable[EpisodeRecord], alpha: float = 0.05,
-                       per_task: bool = False, min_coverage: float = 0.9) -> list[SensitivityTable]:
+                       per_task: bool = False, min_coverage: float = 0.9,
+                       score_tasks: Collection[str] = ()) -> list[SensitivityTable]:
     """One table per axis pooled over its tasks, then (``per_task``) one per task of each axis.
 
     Records without ``axes`` are ignored, so a run without axes gets no table. A family for Holm is
@@ -194,18 +210,21 @@ def sensitivity_tables(records: Iterable[EpisodeRecord], alpha: float = 0.05,
     rule, ``--hud-min-coverage``) is marked *low coverage*: errors are dropped from both sides of a
     test, which is sound only when an error is unrelated to the outcome it replaced, so such a level
     is never called "not worse" (nor is any level when the reference itself is under it).
+    ``score_tasks``: the task ids gated on their score (``hud(metric="score")``); an axis whose
+    every episode is of one is tabled on the score (the gate's rank tests, the mean score per level).
     """
     if not 0.0 <= min_coverage <= 1.0:
         raise ValueError(f"min_coverage={min_coverage} must be in [0, 1] (e.g. 0.9)")
     out: list[SensitivityTable] = []
     for axis, entries in sorted(_axis_entries(records).items()):
         reference, problem = _reference(axis, entries)
-        out.append(_table(axis, reference, POOLED, entries, alpha, problem, min_coverage))
+        metric = "score" if score_tasks and all(r.task in score_tasks for r, _ in entries) else "success"
+        out.append(_table(axis, reference, POOLED, entries, alpha, problem, min_coverage, metric))
         tasks = sorted({str(e.get("task", r.task)) for r, e in entries})
         if per_task and len(tasks) > 1:
             for task in tasks:
                 mine = [(r, e) for r, e in entries if str(e.get("task", r.task)) == task]
-                out.append(_table(axis, reference, task, mine, alpha, problem, min_coverage))
+                out.append(_table(axis, reference, task, mine, alpha, problem, min_coverage, metric))
     return out
 
 
@@ -217,5 +236,5 @@ def tables_from_dicts(data: Any) -> list[SensitivityTable]:
                 for r in t.get("rows", ())]
         out.append(SensitivityTable(t["axis"], t.get("reference"), t.get("scope", POOLED), list(t.get("tasks", ())),
                                     float(t.get("alpha", 0.05)), rows, t.get("problem"),
-                                    float(t.get("min_coverage", 0.0))))
+                                    float(t.get("min_coverage", 0.0)), str(t.get("metric", "success"))))
     return out

@@ -39,13 +39,23 @@ def _diff(value: float | None) -> str:
 def _test(row: LevelRow) -> str:
     if row.is_reference:
         return "ref"
-    return {"paired-mcnemar": "paired", "unpaired-boschloo": "unpaired",
-            "unpaired-stratified": "stratified"}.get(row.test or "", "-")
+    return {"paired-mcnemar": "paired", "unpaired-boschloo": "unpaired", "unpaired-stratified": "stratified",
+            "paired-signed-rank": "paired", "unpaired-rank-sum": "unpaired",
+            "unpaired-stratified-rank-sum": "stratified"}.get(row.test or "", "-")
 
 
-def _cells(row: LevelRow) -> tuple[str, ...]:
-    return (str(row.n), str(row.errors), str(row.successes), format_rate(row.rate), format_interval(row.ci_low, row.ci_high, row.n),
-            _diff(row.difference), _test(row), _p(row.p_value), _p(row.adjusted_p))
+def _columns(table: SensitivityTable) -> tuple[tuple[str, int], ...]:
+    """The text columns: a table on the score metric has the levels' mean score after the rate's interval."""
+    return _COLUMNS if table.metric != "score" else _COLUMNS[:5] + (("score", 6),) + _COLUMNS[5:]
+
+
+def _cells(row: LevelRow, table: SensitivityTable) -> tuple[str, ...]:
+    cells = (str(row.n), str(row.errors), str(row.successes), format_rate(row.rate),
+             format_interval(row.ci_low, row.ci_high, row.n), _diff(row.difference), _test(row), _p(row.p_value),
+             _p(row.adjusted_p))
+    if table.metric != "score":
+        return cells
+    return cells[:5] + ("-" if row.mean_score is None else f"{row.mean_score:.3f}",) + cells[5:]
 
 
 def _flag(table: SensitivityTable, row: LevelRow) -> str:
@@ -81,12 +91,14 @@ def heading(table: SensitivityTable) -> str:
     """What the table is: the axis, its reference, its scope and the test family."""
     tested = sum(1 for r in table.rows if r.p_value is not None)
     levels = f"{tested} level{'s' if tested != 1 else ''}"
+    tests = ("the score: one-sided exact rank tests, diff in score points" if table.metric == "score"
+             else "one-sided exact tests")
     if table.exploratory:
-        return (f"{table.axis} (reference {table.reference}; {table.scope}; exploratory: one-sided exact tests, "
+        return (f"{table.axis} (reference {table.reference}; {table.scope}; exploratory: {tests}, "
                 f"Holm over this task's {levels} only, alpha {table.alpha:g}; the pooled table is the verdict)")
     tasks = f"{len(table.tasks)} task{'s' if len(table.tasks) != 1 else ''}"
     return (f"{table.axis} (reference {table.reference}; pooled over {tasks}; one-sided exact tests, "
-            f"Holm over {levels}, alpha {table.alpha:g})")
+            f"Holm over {levels}, alpha {table.alpha:g})").replace("one-sided exact tests", tests)
 
 
 def sensitivity_lines(tables: Iterable[SensitivityTable], width: int = 110) -> list[str]:
@@ -94,12 +106,13 @@ def sensitivity_lines(tables: Iterable[SensitivityTable], width: int = 110) -> l
     lines: list[str] = []
     for table in tables:
         level_w = max([len("level")] + [len(r.level) for r in table.rows])
-        level_w = min(level_w, max(12, width - sum(w + 1 for _, w in _COLUMNS) - 7))
-        head = f"{'level':<{level_w}}" + "".join(f" {h:>{w}}" for h, w in _COLUMNS)
+        columns = _columns(table)
+        level_w = min(level_w, max(12, width - sum(w + 1 for _, w in columns) - 7))
+        head = f"{'level':<{level_w}}" + "".join(f" {h:>{w}}" for h, w in columns)
         lines += [f"robustness: {heading(table)}", head, "-" * len(head)]
         for row in table.rows:
             label = row.level if len(row.level) <= level_w else "…" + row.level[-(level_w - 1):]
-            text = f"{label:<{level_w}}" + "".join(f" {c:>{w}}" for c, (_, w) in zip(_cells(row), _COLUMNS, strict=True))
+            text = f"{label:<{level_w}}" + "".join(f" {c:>{w}}" for c, (_, w) in zip(_cells(row, table), columns, strict=True))
             lines.append((text + "  " + _flag(table, row)).rstrip())
         lines += [f"robustness: {line}" for line in verdict_lines(table)]
     return lines
@@ -113,11 +126,13 @@ def sensitivity_markdown(tables: Iterable[SensitivityTable]) -> str:
     """The tables as markdown sections (GitHub-flavoured), ``""`` when there are none."""
     out: list[str] = []
     for table in tables:
+        score = table.metric == "score"
         out += [f"#### Robustness: {_md(heading(table))}", "",
-                "| Level | n | Errors | Successes | Rate | 95% CI | Diff (pts) | Test | p | p (Holm) | |",
-                "|:--|--:|--:|--:|--:|:--:|--:|:--|--:|--:|:--|"]
+                "| Level | n | Errors | Successes | Rate | 95% CI |" + (" Mean score |" if score else "")
+                + " Diff (pts) | Test | p | p (Holm) | |",
+                "|:--|--:|--:|--:|--:|:--:|" + ("--:|" if score else "") + "--:|:--|--:|--:|:--|"]
         for row in table.rows:
-            c = _cells(row)
+            c = _cells(row, table)
             flag = {"WORSE": "❌ worse", "WORSE (exploratory)": "❔ worse (exploratory)",
                     "LOW COVERAGE": "⚠️ low coverage", "": ""}[_flag(table, row)]
             out.append(f"| `{_md(row.level)}` | " + " | ".join(c) + f" | {flag} |")
@@ -130,8 +145,9 @@ def sensitivity_markdown(tables: Iterable[SensitivityTable]) -> str:
 def sensitivity_html(tables: Iterable[SensitivityTable]) -> str:
     """The tables as a ``<div class="hud-sensitivity">`` (inside the summary section), ``""`` without any."""
     parts: list[str] = []
-    heads = ["Level", "n", "Errors", "Successes", "Rate", "95% CI", "Diff (pts)", "Test", "p", "p (Holm)", ""]
     for table in tables:
+        heads = ["Level", "n", "Errors", "Successes", "Rate", "95% CI"] + (
+            ["Mean score"] if table.metric == "score" else []) + ["Diff (pts)", "Test", "p", "p (Holm)", ""]
         parts.append(f"<h3>Robustness: {escape(heading(table))}</h3>")
         parts.append('<table class="hud-table hud-sensitivity-table"><thead><tr>'
                      + "".join(f'<th class="hud-task">{h}</th>' if h == "Level" else f"<th>{h}</th>" for h in heads)
@@ -142,7 +158,7 @@ def sensitivity_html(tables: Iterable[SensitivityTable]) -> str:
                     "LOW COVERAGE": '<td style="color:#b26a00;font-weight:bold">low coverage</td>',
                     "": "<td></td>"}[_flag(table, row)]
             parts.append(f'<tr data-level="{escape(row.level)}"><td class="hud-task">{escape(row.level)}</td>'
-                         + "".join(f"<td>{escape(c)}</td>" for c in _cells(row)) + flag + "</tr>")
+                         + "".join(f"<td>{escape(c)}</td>" for c in _cells(row, table)) + flag + "</tr>")
         parts.append("</tbody></table>")
         parts += [f'<p class="hud-note">{escape(line)}</p>' for line in verdict_lines(table)]
     return f'<div class="hud-sensitivity">{"".join(parts)}</div>' if parts else ""

@@ -51,9 +51,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pytest_hud.stats.rates import boschloo_exact_one_sided, holm_adjusted, mcnemar_exact_one_sided
+from pytest_hud.stats.scores import signed_rank_exact_one_sided, stratified_rank_sum_one_sided
 from pytest_hud.stats.strata import stratified_difference, stratified_exact_one_sided
 
-__all__ = ["PAIRED_MIN_OVERLAP", "LevelTest", "compare_levels"]
+__all__ = ["PAIRED_MIN_OVERLAP", "LevelTest", "compare_level_scores", "compare_levels"]
 
 #: Shared episodes (of each side's graded ones) from which a level is compared paired; the gate's rule.
 PAIRED_MIN_OVERLAP = 0.8
@@ -133,6 +134,11 @@ def compare_levels(reference: Mapping[Hashable, bool], levels: Mapping[str, Mapp
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha={alpha} must be strictly between 0 and 1")
     tests = {name: _one(name, reference, outcomes, paired, stratum) for name, outcomes in levels.items()}
+    return _holm(tests, alpha)
+
+
+def _holm(tests: dict[str, LevelTest], alpha: float) -> dict[str, LevelTest]:
+    """The tests with their Holm-adjusted p-values and verdicts (the family: the tested levels)."""
     adjusted = holm_adjusted({name: t.p_value for name, t in tests.items() if t.p_value is not None})
     out: dict[str, LevelTest] = {}
     for name, t in tests.items():
@@ -142,3 +148,43 @@ def compare_levels(reference: Mapping[Hashable, bool], levels: Mapping[str, Mapp
                              "significantly_worse": p <= alpha and (t.drop or 0.0) > 0.0})
         out[name] = t
     return out
+
+
+def _one_score(level: str, ref: Mapping[Hashable, float], cur: Mapping[Hashable, float], paired: bool,
+               stratum: Callable[[Hashable], Hashable] | None) -> LevelTest:
+    if not ref or not cur:
+        return LevelTest(level, "none", False, None, None, None, False)
+    shared = sorted(set(ref) & set(cur), key=str)
+    if paired and shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(ref), len(cur)):
+        diffs = [ref[k] - cur[k] for k in shared]
+        return LevelTest(level, "paired-signed-rank", True, sum(diffs) / len(diffs),
+                         signed_rank_exact_one_sided(diffs), None, False, len(shared),
+                         sum(1 for d in diffs if d > 0), sum(1 for d in diffs if d < 0))
+    groups: dict[Hashable, tuple[list[float], list[float]]] = {}
+    for side, outcomes in ((0, ref), (1, cur)):
+        for key, score in outcomes.items():
+            groups.setdefault(stratum(key) if stratum else None, ([], []))[side].append(float(score))
+    # the drop on what the test compared: the mean of the tasks' differences, each task weighted as in strata
+    weights = {g: len(b) * len(c) / (len(b) + len(c)) for g, (b, c) in groups.items() if b and c}
+    drop = (sum(w * (sum(groups[g][0]) / len(groups[g][0]) - sum(groups[g][1]) / len(groups[g][1]))
+                for g, w in weights.items()) / sum(weights.values())) if weights else None
+    test = "unpaired-rank-sum" if len(groups) == 1 else "unpaired-stratified-rank-sum"
+    return LevelTest(level, test, False, drop, stratified_rank_sum_one_sided(list(groups.values())), None, False)
+
+
+def compare_level_scores(reference: Mapping[Hashable, float], levels: Mapping[str, Mapping[Hashable, float]],
+                         alpha: float = 0.05, paired: bool = True,
+                         stratum: Callable[[Hashable], Hashable] | None = None) -> dict[str, LevelTest]:
+    """:func:`compare_levels` on each episode's graded score instead of its success: the signed-rank
+    test on the shared pairs (paired), else the rank-sum test, stratified by ``stratum`` when the
+    episodes fall in several strata (:mod:`.scores`); ``drop`` is in score units.
+
+        >>> ref = {("t", s): 0.9 for s in range(6)}
+        >>> out = compare_level_scores(ref, {"noise": {("t", s): 0.5 for s in range(6)}})
+        >>> out["noise"].test, out["noise"].p_value    # six worse pairs of six: 1 / 2**6
+        ('paired-signed-rank', 0.015625)
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha={alpha} must be strictly between 0 and 1")
+    tests = {name: _one_score(name, reference, scores, paired, stratum) for name, scores in levels.items()}
+    return _holm(tests, alpha)

@@ -42,7 +42,7 @@ from statistics import NormalDist
 import numpy as np
 
 __all__ = ["EXACT_BUDGET", "rank_sum_one_sided", "score_detectable_drop", "score_episodes_needed",
-           "signed_rank_exact_one_sided"]
+           "signed_rank_exact_one_sided", "stratified_rank_sum_one_sided"]
 
 #: Cell updates of the exact rank-sum count beyond which a seeded Monte-Carlo permutation test is used.
 EXACT_BUDGET = 2 * 10**8
@@ -120,6 +120,26 @@ def rank_sum_one_sided(baseline: Sequence[float], current: Sequence[float], *, s
     rng = np.random.default_rng(seed)
     sums = np.array([ranks[rng.permutation(n)[:k]].sum() for _ in range(PERMUTATIONS)])
     return float((1 + np.count_nonzero(sums <= observed)) / (1 + PERMUTATIONS))
+
+
+def stratified_rank_sum_one_sided(tables: Sequence[tuple[Sequence[float], Sequence[float]]], *,
+                                  seed: int = 0) -> float:
+    """One-sided rank-sum test stratified by task: ``tables`` holds one ``(baseline, current)`` score
+    list pair per task. The statistic is the sum over tasks of the current scores' ranks *within their
+    task*, and the null distribution permutes the scores within each task only, so a shift in the task
+    mix cannot move it. One task: :func:`rank_sum_one_sided` (exact); several: a Monte-Carlo
+    permutation p-value from :data:`PERMUTATIONS` within-task permutations drawn with ``seed``.
+    """
+    used = [(b, c) for b, c in tables if len(b) and len(c)]
+    if len(used) <= 1:
+        return rank_sum_one_sided(*used[0], seed=seed) if used else 1.0
+    rng = np.random.default_rng(seed)
+    observed, sampled = 0, np.zeros(PERMUTATIONS, dtype=np.int64)
+    for base, cur in used:
+        ranks = _doubled_ranks(np.concatenate([_check(cur, "current"), _check(base, "baseline")]))
+        observed += int(ranks[:len(cur)].sum())
+        sampled += rng.permuted(np.broadcast_to(ranks, (PERMUTATIONS, ranks.size)), axis=1)[:, :len(cur)].sum(axis=1)
+    return float((1 + np.count_nonzero(sampled <= observed)) / (1 + PERMUTATIONS))
 
 
 def _smallest_p(n: int, n_baseline: int | None) -> float:

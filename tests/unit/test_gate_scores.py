@@ -59,3 +59,27 @@ def test_the_gate_file_and_globs_name_the_metric():
     assert metric_for("other", {"evals/test_pusht.py::*": "score"}) == "success"
     with pytest.raises(ValueError, match="metric must be one of success, score"):
         load_gate_file("tasks: {t: {metric: coverage}}")
+
+
+def test_a_sensitivity_table_on_the_score_uses_the_rank_tests_and_shows_the_mean_score():
+    from pytest_hud.core.results import EpisodeRecord
+    from pytest_hud.core.sensitivity import sensitivity_tables, tables_from_dicts
+    from pytest_hud.report.sensitivity import sensitivity_lines
+
+    def rec(level, seed, score):
+        return EpisodeRecord(task=f"t.py::t[p={level}]", episode=str(seed), nodeid=f"t.py::t[{level}-{seed}]",
+                             outcome="failed", success=False, score=score,
+                             axes={"p": {"level": level, "index": level != "none", "reference": "none",
+                                         "task": "t.py::t"}})
+
+    recs = [rec("none", s, 0.8 + 0.01 * s) for s in range(8)] + [rec("noise", s, 0.5 + 0.01 * s) for s in range(8)]
+    (by_success,) = sensitivity_tables(recs)
+    assert by_success.metric == "success" and by_success.rows[1].p_value == 1.0  # 0 of 8 succeed on both sides
+    (table,) = sensitivity_tables(recs, score_tasks={r.task for r in recs})
+    noise = table.rows[1]
+    assert table.metric == "score" and noise.test == "paired-signed-rank" and noise.p_value == pytest.approx(1 / 256)
+    assert noise.difference == pytest.approx(-0.3) and noise.mean_score == pytest.approx(0.535) and table.worse == ["noise"]
+    lines = sensitivity_lines([table])
+    assert "the score: one-sided exact rank tests" in lines[0] and lines[1].split()[7] == "score"
+    assert lines[4].split()[7:9] == ["0.535", "-30.0"] and lines[4].endswith("WORSE")
+    assert sensitivity_lines(tables_from_dicts([table.to_dict()])) == lines

@@ -85,3 +85,20 @@ def test_the_signed_rank_test_keeps_its_level_and_catches_a_real_drop():
     null = np.mean([signed_rank_exact_one_sided(rng.normal(0, 0.2, 20)) <= 0.05 for _ in range(400)])
     drop = np.mean([signed_rank_exact_one_sided(rng.normal(0.15, 0.2, 20)) <= 0.05 for _ in range(200)])
     assert null <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 400) and drop >= 0.8
+
+
+def test_the_rank_sum_stratified_by_task_is_not_fooled_by_a_shifted_task_mix():
+    from pytest_hud.stats import stratified_rank_sum_one_sided
+
+    rng = np.random.default_rng(8)
+    assert stratified_rank_sum_one_sided([([0.9, 0.8, 0.7], [0.1, 0.2, 0.3])]) == rank_sum_one_sided(
+        [0.9, 0.8, 0.7], [0.1, 0.2, 0.3])  # one task: the exact test
+    pooled = stratified = 0
+    runs = 100
+    for _ in range(runs):
+        # an easy task (scores near 0.9) and a hard one (near 0.3); the level lost most easy episodes to errors
+        easy_ref, hard_ref = rng.normal(0.9, 0.05, 20), rng.normal(0.3, 0.05, 20)
+        easy_cur, hard_cur = rng.normal(0.9, 0.05, 5), rng.normal(0.3, 0.05, 20)
+        pooled += rank_sum_one_sided(np.r_[easy_ref, hard_ref], np.r_[easy_cur, hard_cur]) <= 0.05
+        stratified += stratified_rank_sum_one_sided([(easy_ref, easy_cur), (hard_ref, hard_cur)]) <= 0.05
+    assert stratified / runs <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / runs) and pooled / runs > 0.5
