@@ -329,7 +329,7 @@ class HudSettings:
             max_steps=int(max_steps) if max_steps else None,
             build=dict(marks.get("build") or {}),
             min_success=None if floor is None else float(floor),
-            metric=_metric(marks.get("metric")),
+            metric=marks.get("metric"),
         )
 
     def replace(self, **changes: Any) -> HudSettings:
@@ -373,9 +373,10 @@ def _either(choices: tuple[str, ...]) -> str:
     return ", ".join(choices[:-1]) + f" or {choices[-1]}"
 
 
-def _metric(value: Any) -> str | None:
-    """A ``hud(metric=...)`` value checked: ``"success"`` or ``"score"``."""
-    if value is None or value in ("success", "score"):
-        return value
-    raise SettingsError(f"hud(metric={value!r}): the metric must be 'success' (the test's outcome) or 'score'"
-                        " (the sim's graded score per episode)")
+
+def metric_problem(metric: str | None) -> str | None:
+    """Why a ``hud(metric=...)`` value is not one (None for ``"success"``, ``"score"`` or unset)."""
+    if metric is None or metric in ("success", "score"):
+        return None
+    return (f"hud(metric={metric!r}): the metric must be 'success' (the test's outcome) or 'score' (the sim's"
+            " graded score per episode)")

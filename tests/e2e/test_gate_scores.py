@@ -75,3 +75,11 @@ def test_a_task_gated_on_its_score_is_compared_with_the_signed_rank_test(pyteste
     scores = [e["score"] for e in lines if e["record"] == "episode"]
     assert len(scores) == 8 and all(0.0 < s < 1.0 for s in scores)
     assert verdict["current_score"] == pytest.approx(sum(scores) / 8)
+
+
+def test_a_metric_that_is_none_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(sims=SIMS, policies=POLICIES, test_suite=SUITE.replace('metric="score"', 'metric="coverage"'))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_suite.py::test_balance: hud(metric='coverage'): the metric must be 'success'"
+                                 " (the test's outcome) or 'score'*"])
