@@ -130,12 +130,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _text_report(results: Results, verdicts: Mapping[str, Any] | None, baseline: Results | None,
                  width: int, gate: list[Verdict] | None = None, strict: bool = False) -> list[str]:
-    from pytest_hud.report.table import gate_lines, summary_lines, verdict_dict
+    from pytest_hud.report.table import gate_lines, sim_success_notes, summary_lines, verdict_dict
 
     lines = [f"results: {results.path}" + ("" if results.complete else " (incomplete)")]
     if baseline is not None:
         lines.append(f"baseline: {baseline.path}" + ("" if baseline.complete else " (incomplete)"))
     lines += summary_lines(results.tasks(), verdicts, width=width)
+    lines += [f"warning: {note}" for note in sim_success_notes(results.tasks())]
     tables = _sensitivity(results)
     if tables:
         from pytest_hud.report.sensitivity import sensitivity_lines
@@ -157,7 +158,11 @@ def _sensitivity(results: Results) -> list[Any]:
     from pytest_hud.core.sensitivity import sensitivity_tables
 
     stored = (results.summary or {}).get("sensitivity") or [{}]  # the run's own alpha, when it wrote tables
-    return sensitivity_tables(results.latest_episodes(), alpha=float(stored[0].get("alpha", 0.05)))
+    episodes = results.latest_episodes()
+    scored_axes = {t.get("axis") for t in stored if t.get("metric") == "score"}  # as the run tabled them
+    scored = {r.task for r in episodes if scored_axes & set(r.axes or ())}
+    return sensitivity_tables(episodes, alpha=float(stored[0].get("alpha", 0.05)),
+                              min_coverage=float(stored[0].get("min_coverage", 0.9)), score_tasks=scored)
 
 
 def report(args: argparse.Namespace) -> int:

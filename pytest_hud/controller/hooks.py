@@ -143,12 +143,18 @@ class HudController:
 
     def sensitivity(self) -> list[Any]:
         """The sensitivity tables of the run's robustness axes (``hud_axis``), pooled and per task;
-        empty for a run without axes. Holm's alpha is the gate's."""
+        empty for a run without axes. Holm's alpha, the coverage rule and each task's metric are the gate's."""
         from pytest_hud.core.sensitivity import sensitivity_tables
 
         with self._lock:
             records = list(self.records.values())
-        return sensitivity_tables(records, alpha=self.ledger.gate_config.alpha, per_task=True)
+        from pytest_hud.gate import metric_for
+
+        config = self.ledger.gate_config
+        metrics = {**config.metrics, **self.ledger.metrics}
+        scored = {r.task for r in records if metric_for(r.task, metrics) == "score"}
+        return sensitivity_tables(records, alpha=config.alpha, per_task=True, min_coverage=config.min_coverage,
+                                  score_tasks=scored)
 
     def verdict_dicts(self) -> dict[str, dict[str, Any]] | None:
         return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}

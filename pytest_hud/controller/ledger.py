@@ -38,6 +38,7 @@ class Ledger:
         self.deselected_episodes: dict[str, set[str]] = {}  # task -> episode ids deselected with -k/-m
         self.records: dict[str, EpisodeRecord] = {}  # nodeid -> the episode's record
         self.floors: dict[str, float] = {}  # task -> min_success from markers
+        self.metrics: dict[str, str] = {}  # task -> hud(metric=...) from markers
         self.shard: dict[str, Any] | None = None  # --hud-shard: {"index", "count", "suite": {task: [episodes]}}
         self._sequential_tests: dict[str, Any] = {}
 
@@ -66,6 +67,8 @@ class Ledger:
             self.declared.setdefault(ep["nodeid"], dict(ep))
             if ep.get("min_success") is not None:
                 self.floors[ep["task"]] = float(ep["min_success"])
+            if ep.get("metric") is not None:
+                self.metrics[ep["task"]] = str(ep["metric"])
         return len(self.declared)
 
     def add(self, record: EpisodeRecord) -> None:
@@ -192,7 +195,8 @@ class Ledger:
                             if (kept_eps := [e for e in eps if (t, e) not in others])}
             base = outcomes_from_records(kept, episodes=declared)
         floors = {**self.gate_config.floors, **self.floors}  # marker floors are exact task ids: they win
-        verdicts = evaluate_gate(current, base, replace(self.gate_config, floors=floors),
+        metrics = {**self.gate_config.metrics, **self.metrics}  # and so do marker metrics
+        verdicts = evaluate_gate(current, base, replace(self.gate_config, floors=floors, metrics=metrics),
                                  deselected=self.deselected - set(current))
         for i, v in enumerate(verdicts):
             test = self._sequential_tests.get(v.task)

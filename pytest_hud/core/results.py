@@ -160,8 +160,11 @@ class EpisodeRecord:
     nodeid: str
     outcome: str  # passed | failed | error | skipped
     seed: int | None = None
-    success: bool | None = None
-    score: float | None = None
+    success: bool | None = None  # the test's outcome (passed): what the summary and the gate count
+    score: float | None = None  # the sim's graded score in [0, 1] (its info["score"], else 1/0 from its success)
+    #: the sim's own success as the bridge graded it (``info["is_success"]``), beside the test's
+    #: outcome; None where no grade came back (an error before the episode ended, an old file)
+    sim_success: bool | None = None
     total_reward: float | None = None
     steps: int | None = None
     duration_s: float | None = None
@@ -192,6 +195,7 @@ class EpisodeRecord:
         """
         self.score, self.total_reward, self.steps, self.slot = (
             result.score, result.total_reward, result.steps, result.slot)
+        self.sim_success = result.success
         self.extra["env_success"] = result.success
         if graded_only:
             return
@@ -234,6 +238,8 @@ class TaskSummary:
     mean_steps: float | None
     episodes_per_hour: float | None
     reused: int = 0
+    sim_checked: int = 0  # passed episodes whose record carries the sim's own success
+    sim_successes: int = 0  # of those, the ones the sim graded a success
 
     def to_dict(self) -> dict[str, Any]:
         return to_builtin(asdict(self))
@@ -285,6 +291,8 @@ def aggregate(
             # none for a task whose episodes all errored: failing fast is no throughput
             episodes_per_hour=len(ran) * 3600.0 / busy if busy and ran and graded else None,
             reused=sum(1 for r in recs if r.reused),
+            sim_checked=sum(1 for r in graded if r.success and r.sim_success is not None),
+            sim_successes=sum(1 for r in graded if r.success and r.sim_success),
         )
     return out
 

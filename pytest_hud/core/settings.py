@@ -162,6 +162,7 @@ class ItemSettings:
     max_steps: int | None
     build: dict[str, Any]
     min_success: float | None
+    metric: str | None = None  # hud(metric="score"): the gate compares this test's scores
 
 
 @dataclass(frozen=True)
@@ -323,6 +324,7 @@ class HudSettings:
             max_steps=int(max_steps) if max_steps else None,
             build=dict(marks.get("build") or {}),
             min_success=None if floor is None else float(floor),
+            metric=marks.get("metric"),
         )
 
     def replace(self, **changes: Any) -> HudSettings:
@@ -364,3 +366,12 @@ def parse_resources(text: str | None, option: str) -> dict[str, float]:
 
 def _either(choices: tuple[str, ...]) -> str:
     return ", ".join(choices[:-1]) + f" or {choices[-1]}"
+
+
+
+def metric_problem(metric: str | None) -> str | None:
+    """Why a ``hud(metric=...)`` value is not one (None for ``"success"``, ``"score"`` or unset)."""
+    if metric is None or metric in ("success", "score"):
+        return None
+    return (f"hud(metric={metric!r}): the metric must be 'success' (the test's outcome) or 'score' (the sim's"
+            " graded score per episode)")

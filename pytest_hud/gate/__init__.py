@@ -2,14 +2,17 @@
 
 Pure logic (no pytest, no I/O), cut by concern: :mod:`.config` (how strict the gate is, the YAML
 gate file, floors), :mod:`.outcomes` (each task's episodes on one side, from records or a results
-file), :mod:`.verdict` (a task's verdict and whether the run passes) and :mod:`.evaluation` (the
+file), :mod:`.verdict` (a task's verdict and whether the run passes), :mod:`.scores` (the comparison of
+a task gated on its score) and :mod:`.evaluation` (the
 gate's rules, stated at its top, and :func:`evaluate_gate`). Every name the rest of the project
 uses is importable from here. Imports nothing of the project but :mod:`pytest_hud.stats`.
 """
 
 from __future__ import annotations
 
-from pytest_hud.gate.config import GateConfig, floor_for, floors_problem, load_gate_file, unmatched_floors
+from pytest_hud.gate.config import (
+    METRICS, GateConfig, floor_for, floors_problem, load_gate_file, metric_for, unmatched_floors,
+)
 from pytest_hud.gate.evaluation import PAIRED_MIN_OVERLAP, evaluate_gate
 from pytest_hud.gate.outcomes import (
     SEQUENTIAL_SKIP, TASK_FIELDS, TaskOutcomes, outcomes_from_records, outcomes_from_results,
@@ -18,6 +21,7 @@ from pytest_hud.gate.verdict import COMPARED, VERDICTS, Verdict, VerdictKind, ga
 
 __all__ = [
     "COMPARED",
+    "METRICS",
     "PAIRED_MIN_OVERLAP",
     "SEQUENTIAL_SKIP",
     "TASK_FIELDS",
@@ -30,6 +34,7 @@ __all__ = [
     "floor_for",
     "gate_passed",
     "load_gate_file",
+    "metric_for",
     "nothing_compared",
     "outcomes_from_records",
     "outcomes_from_results",

@@ -17,12 +17,18 @@ from typing import Any
 from pytest_hud.gate.outcomes import TASK_FIELDS
 
 __all__ = [
+    "METRICS",
     "GateConfig",
+    "metric_for",
     "floor_for",
     "floors_problem",
     "load_gate_file",
     "unmatched_floors",
 ]
+
+
+#: What a task can be gated on: its test outcomes, or the sim's graded score per episode.
+METRICS: tuple[str, ...] = ("success", "score")
 
 
 def _is_number(value: object) -> bool:
@@ -39,7 +45,9 @@ class GateConfig:
     finish without error. ``power``/``detect_drop``: a non-significant task passes only when a drop
     of ``detect_drop`` (default ``max_drop + 0.10``) would have been flagged with this probability.
     ``accept``: fields of :data:`TASK_FIELDS` whose difference from the baseline is accepted on
-    purpose (the task is compared anyway).
+    purpose (the task is compared anyway). ``metrics``: task id or glob -> ``"success"`` (the
+    default) or ``"score"`` (the sim's graded score, compared with rank tests; ``max_drop`` and
+    ``detect_drop`` are then in score units).
     """
 
     alpha: float = 0.05
@@ -49,9 +57,13 @@ class GateConfig:
     power: float = 0.8
     detect_drop: float | None = None
     accept: tuple[str, ...] = ()
+    metrics: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.accept = tuple(self.accept)
+        for pattern, metric in self.metrics.items():
+            if metric not in METRICS:
+                raise ValueError(f"metric for {pattern!r} is {metric!r}; it must be one of {', '.join(METRICS)}")
         for name in self.accept:
             if name not in TASK_FIELDS:
                 raise ValueError(
@@ -99,7 +111,7 @@ class GateConfig:
 
 _TOP_KEYS = ("alpha", "max_drop", "min_coverage", "power", "detect_drop", "accept_differences", "tasks")
 _NUMBER_KEYS = ("alpha", "max_drop", "min_coverage", "power", "detect_drop")
-_TASK_KEYS = ("min_success",)
+_TASK_KEYS = ("min_success", "metric")
 
 
 def _did_you_mean(key: object, known: tuple[str, ...]) -> str:
@@ -118,6 +130,7 @@ def load_gate_file(text: str, *, source: str = "gate file") -> dict[str, Any]:
         tasks:
           "evals/test_pusht.py::test_push": {min_success: 0.6}
           "evals/test_aloha.py::*": {min_success: 0.3}
+          "evals/test_pusht.py::*": {metric: score}
 
     Returns only the keys the file sets, with ``tasks`` turned into ``floors`` (pattern -> floor), so
     the caller can lay it over options: ``GateConfig(**{**from_options, **load_gate_file(text)})``.
@@ -166,6 +179,7 @@ def load_gate_file(text: str, *, source: str = "gate file") -> dict[str, Any]:
                 f" {{'evals/test_x.py::test_y': {{min_success: 0.6}}}}; got {type(tasks).__name__}"
             )
         floors: dict[str, float] = {}
+        metrics: dict[str, str] = {}
         for pattern, settings in tasks.items():
             if not isinstance(pattern, str):
                 raise ValueError(f"{source}: task key {pattern!r} must be a string (a task id or a glob)")
@@ -189,7 +203,14 @@ def load_gate_file(text: str, *, source: str = "gate file") -> dict[str, Any]:
                         f" got {type(value).__name__} {value!r}"
                     )
                 floors[pattern] = float(value)
+            if "metric" in settings:
+                if settings["metric"] not in METRICS:
+                    raise ValueError(f"{source}: tasks[{pattern!r}].metric must be one of {', '.join(METRICS)},"
+                                     f" got {settings['metric']!r}")
+                metrics[pattern] = str(settings["metric"])
         out["floors"] = floors
+        if metrics:
+            out["metrics"] = metrics
     if out_accept is not None:
         out["accept"] = out_accept
     try:
@@ -212,6 +233,13 @@ def floor_for(task: str, floors: Mapping[str, float]) -> float | None:
         if fnmatch.fnmatchcase(task, pattern):
             return float(floor)
     return None
+
+
+def metric_for(task: str, metrics: Mapping[str, str]) -> str:
+    """The metric ``task`` is gated on: its exact id first, else the first glob that matches, else success."""
+    if task in metrics:
+        return metrics[task]
+    return next((m for pattern, m in metrics.items() if fnmatch.fnmatchcase(task, pattern)), "success")
 
 
 def unmatched_floors(floors: Mapping[str, float], tasks: Iterable[str]) -> list[str]:

@@ -40,6 +40,9 @@ Rules, per task (a task is a test function plus its non-episode parameters):
    becomes "the drop is at most max_drop" (exact unconditional score tests, Tango for paired,
    Farrington-Manning/Chan for unpaired), so a drop within the tolerance is never a regression; an
    observed drop at or below the tolerance is never flagged whatever the p-value.
+   A task gated on its **score** (``metric: score``) is compared on each episode's graded score
+   with rank tests instead (:mod:`.scores`: signed-rank paired, rank-sum unpaired; drops and
+   tolerances in score units); the rest of the rules apply unchanged.
 4. **Holm** across all tasks that were compared with a baseline: a task is a *regression* when its
    Holm-adjusted p-value is <= alpha. The family-wise false-alarm rate of the gate is <= alpha.
 5. **Inconclusive.** A comparison that is not significant only means "pass" if the test could have
@@ -79,8 +82,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_hud import stats
-from pytest_hud.gate.config import GateConfig, floor_for
+from pytest_hud.gate.config import GateConfig, floor_for, metric_for
 from pytest_hud.gate.outcomes import TASK_FIELDS, TaskOutcomes
+from pytest_hud.gate.scores import ScoreComparison, compare_scores, score_detection, score_summary
 from pytest_hud.gate.verdict import TestName, Verdict
 
 __all__ = [
@@ -238,10 +242,15 @@ def evaluate_gate(
                 mismatches[task] = why
 
     # Then every comparison's p-value, so Holm sees the whole family.
-    comparisons: dict[str, _Comparison] = {}
+    comparisons: dict[str, _Comparison | ScoreComparison] = {}
     for task, cur in current.items():
         base = baseline.get(task)
         if base is not None and base.n > 0 and cur.n > 0 and task not in mismatches:
+            if metric_for(task, config.metrics) == "score":
+                scored = compare_scores(cur, base, config.max_drop)
+                if scored is not None:
+                    comparisons[task] = scored
+                    continue
             comparisons[task] = _compare(cur, base, config.max_drop)
     adjusted = stats.holm_adjusted({t: c.p_value for t, c in comparisons.items()})
     # The strictest level Holm can apply to one task; power is judged there (Bonferroni bound).
@@ -276,20 +285,28 @@ def evaluate_gate(
 
         comp = comparisons.get(task)
         if comp is not None:
-            v.test, v.p_value, v.adjusted_p, v.drop = comp.test, comp.p_value, adjusted[task], comp.drop
+            v.test, v.p_value, v.adjusted_p, v.drop = comp.test, comp.p_value, adjusted[task], comp.drop  # type: ignore[assignment]
             if comp.paired:
                 v.n_pairs, v.discordant = comp.n_pairs, (comp.worse, comp.better)
-            summary = (
-                f"{_pct(v.current_rate or 0.0)} vs baseline {_pct(v.baseline_rate or 0.0)}"
-                f" ({comp.test}, drop {_pts(comp.drop)}, p={comp.p_value:.3g},"
-                f" Holm-adjusted {adjusted[task]:.3g})"
-            )
+            if isinstance(comp, ScoreComparison):
+                v.metric, v.current_score, v.baseline_score = "score", comp.current_mean, comp.baseline_mean
+                summary = score_summary(comp, adjusted[task])
+            else:
+                summary = (
+                    f"{_pct(v.current_rate or 0.0)} vs baseline {_pct(v.baseline_rate or 0.0)}"
+                    f" ({comp.test}, drop {_pts(comp.drop)}, p={comp.p_value:.3g},"
+                    f" Holm-adjusted {adjusted[task]:.3g})"
+                )
             if adjusted[task] <= config.alpha and comp.drop > config.max_drop:
                 tolerance = f" beyond the tolerance of {_pts(config.max_drop)}" if config.max_drop else ""
-                states.append(("regression", comp.test, f"dropped{tolerance}: {summary}"))
+                states.append(("regression", comp.test, f"dropped{tolerance}: {summary}"))  # type: ignore[arg-type]
             else:
                 assert base is not None  # a comparison exists only with a baseline
-                state, v.min_detectable_drop, extra, why = _detection(comp, cur, base, config, level)
+                if isinstance(comp, ScoreComparison):
+                    state, v.min_detectable_drop, extra, why = score_detection(
+                        comp, target=config.target_drop, max_drop=config.max_drop, level=level, power=config.power)
+                else:
+                    state, v.min_detectable_drop, extra, why = _detection(comp, cur, base, config, level)
                 if extra is not None:
                     more.append(extra)
                 states.append((state, comp.test, f"{summary}; {why}"))

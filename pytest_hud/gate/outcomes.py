@@ -41,7 +41,8 @@ class TaskOutcomes:
     records stand in); ``errored`` the errored ids; ``skipped_ids`` each skipped id with its reason;
     ``decided`` the ids a sequential decision skipped; ``deselected`` the ids ``-k``/``-m`` left out;
     ``identity`` each of :data:`TASK_FIELDS` with the values its records carry (canonical JSON);
-    ``policies`` the policies (with content hashes) that ran it.
+    ``policies`` the policies (with content hashes) that ran it; ``scores`` each graded episode's
+    score (the sim's graded outcome in [0, 1]), for a task gated on its score.
     """
 
     successes: dict[str, bool]
@@ -56,6 +57,7 @@ class TaskOutcomes:
     deselected: frozenset[str] = frozenset()
     identity: dict[str, frozenset[str]] = field(default_factory=dict)
     policies: frozenset[str] = frozenset()
+    scores: dict[str, float] = field(default_factory=dict)  # episode id -> the sim's score (graded episodes)
 
     @property
     def n(self) -> int:
@@ -131,6 +133,8 @@ def outcomes_from_records(records: Iterable[Any], declared: Mapping[str, int] | 
                 outcomes.skipped_ids[episode] = reason
         elif rec.outcome in ("passed", "failed") and rec.success is not None:
             outcomes.successes[episode] = bool(rec.success)
+            if getattr(rec, "score", None) is not None:
+                outcomes.scores[episode] = float(rec.score)
         ident = dict(getattr(rec, "identity", None) or {})
         if getattr(rec, "contract", None):
             ident["contract"] = rec.contract

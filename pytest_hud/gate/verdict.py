@@ -31,6 +31,8 @@ TestName = Literal[
     "paired-noninferiority",
     "unpaired-boschloo",
     "unpaired-noninferiority",
+    "paired-signed-rank",
+    "unpaired-rank-sum",
     "floor",
     "coverage",
     "identity",
@@ -77,6 +79,9 @@ class Verdict:
     not_graded: dict[str, list[str]] = field(default_factory=dict)  # why -> episode ids counted but not graded now
     policy: str | None = None
     baseline_policy: str | None = None
+    metric: str = "success"  # what was compared: test outcomes, or the sim's graded score
+    current_score: float | None = None  # mean score (paired: over the shared episodes), score metric only
+    baseline_score: float | None = None
 
     @property
     def failed(self) -> bool:

@@ -35,7 +35,7 @@ from urllib.parse import quote
 from pytest_hud.core.results import EpisodeRecord, Results, TaskSummary
 from pytest_hud.report.svg import DEFAULT_COLOUR, VERDICT_COLOURS, success_rate_chart
 from pytest_hud.report.table import (
-    format_interval, format_number, format_rate, gate_verdicts, verdict_dict,
+    format_interval, format_number, format_rate, gate_verdicts, sim_success_notes, verdict_dict,
 )
 
 __all__ = [
@@ -182,6 +182,7 @@ def summary_section_html(
         f"<h2>{_e(title)}</h2>",
         _tasks_table(tasks, verdicts),
         _coverage_html(coverage),
+        "".join(f'<p class="hud-note hud-sim-success">{_e(note)}</p>' for note in sim_success_notes(tasks)),
         f'<figure class="hud-figure">{success_rate_chart(tasks, verdicts)}</figure>',
         sensitivity_html(sensitivity or []),
         _gate_list(tasks, verdicts or {}),

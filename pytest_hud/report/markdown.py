@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_hud.core.results import TaskSummary
-from pytest_hud.report.table import format_interval, format_number, format_rate, verdict_dict
+from pytest_hud.report.table import format_interval, format_number, format_rate, sim_success_notes, verdict_dict
 
 __all__ = ["VERDICT_BADGES", "comparison_markdown", "coverage_text", "summary_markdown"]
 
@@ -141,6 +141,7 @@ def summary_markdown(
     cov = coverage_text(coverage)
     if cov:
         lines += ["", cov]
+    lines += [f"\n⚠️ {_text(note)}" for note in sim_success_notes(tasks)]
     if sensitivity:
         from pytest_hud.report.sensitivity import sensitivity_markdown
 

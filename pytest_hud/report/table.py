@@ -191,6 +191,22 @@ def gate_lines(verdicts: list[Any], *, strict: bool = False, reasons: bool = Tru
     return lines
 
 
+def sim_success_notes(tasks: Mapping[str, TaskSummary]) -> list[str]:
+    """One warning per task whose tests passed although the sim graded no success.
+
+    The summary and the gate count the test's outcome; a test that asserts nothing passes whatever
+    the sim said. Each episode's record keeps the sim's own success (``sim_success``) beside it.
+
+        >>> s = TaskSummary("t.py::test_push", 16, 16, 0, 0, 16, 1.0, 0.8, 1.0, None, None, None,
+        ...                 sim_checked=16, sim_successes=0)
+        >>> sim_success_notes({s.task: s})[0]
+        't.py::test_push: 16 passed, the sim reported success in 0 of 16: does the test assert `result.success`?'
+    """
+    return [f"{task}: {s.sim_checked} passed, the sim reported success in {s.sim_successes} of {s.sim_checked}:"
+            " does the test assert `result.success`?"
+            for task, s in tasks.items() if getattr(s, "sim_successes", 0) < getattr(s, "sim_checked", 0)]
+
+
 def _labels(tasks: list[str], width: int) -> list[str]:
     """Shortened labels; if shortening made two tasks look alike, fall back to plain tails."""
     labels = [short_task(t, width) for t in tasks]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_hud.report.table import gate_lines, summary_lines
+from pytest_hud.report.table import gate_lines, sim_success_notes, summary_lines
 
 __all__ = ["write_summary"]
 
@@ -22,6 +22,8 @@ def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None,
     verdict_dicts = None if verdicts is None else {v.task: v.to_dict() for v in verdicts}
     for line in summary_lines(tasks, verdict_dicts):
         tr.write_line(line)
+    for note in sim_success_notes(tasks):
+        tr.write_line(f"warning: {note}", yellow=True, bold=True)
     cov = coverage
     text = (f"coverage: {cov['reported']}/{cov['declared']} declared episodes reported, "
             f"{cov['graded']} graded, {cov['errors']} errors, {cov['skipped']} skipped")
@@ -34,7 +36,7 @@ def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None,
         from pytest_hud.report.sensitivity import sensitivity_lines
 
         for line in sensitivity_lines(sensitivity):
-            tr.write_line(line, red=line.endswith("WORSE"))
+            tr.write_line(line, red=line.endswith("WORSE"), yellow=line.endswith("LOW COVERAGE"))
     if results is not None:
         tr.write_line(f"results: {results}")
     for note in notes or ():

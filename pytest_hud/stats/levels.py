@@ -20,6 +20,11 @@ Which test, and why:
   declared ``paired=False``, whose levels do not share initial states by seed): exact, never
   above its level, and uniformly more powerful than Fisher's exact test, whose p-value it never
   exceeds (Fisher conditions on the total successes and is conservative at the small n of an eval).
+- **Unpaired and stratified** when the episodes come from several tasks (a table pooled over
+  tasks, ``stratum`` given): the exact conditional test over the tasks' 2x2 tables
+  (:mod:`.strata`). Pooled counts would compare task mixes: a level that errs on half of an easy
+  task's episodes looks worse pooled although no task changed. Pairs are always within a task
+  (the key holds the task), so the paired test needs no stratifying.
 
 These are the rules of the regression gate (:mod:`pytest_hud.gate.evaluation`, rules 2 and 3), so a
 level and a baseline are judged alike. The choice depends on which episodes were graded, never on
@@ -41,13 +46,15 @@ graded episodes): a level is *significantly worse* when its Holm-adjusted p-valu
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pytest_hud.stats.rates import boschloo_exact_one_sided, holm_adjusted, mcnemar_exact_one_sided
+from pytest_hud.stats.scores import signed_rank_exact_one_sided, stratified_rank_sum_one_sided
+from pytest_hud.stats.strata import stratified_difference, stratified_exact_one_sided
 
-__all__ = ["PAIRED_MIN_OVERLAP", "LevelTest", "compare_levels"]
+__all__ = ["PAIRED_MIN_OVERLAP", "LevelTest", "compare_level_scores", "compare_levels"]
 
 #: Shared episodes (of each side's graded ones) from which a level is compared paired; the gate's rule.
 PAIRED_MIN_OVERLAP = 0.8
@@ -63,7 +70,7 @@ class LevelTest:
     """
 
     level: str
-    test: str  # "paired-mcnemar", "unpaired-boschloo" or "none"
+    test: str  # "paired-mcnemar", "unpaired-boschloo", "unpaired-stratified" or "none"
     paired: bool
     drop: float | None
     p_value: float | None
@@ -77,7 +84,20 @@ class LevelTest:
         return asdict(self)
 
 
-def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool], paired: bool = True) -> LevelTest:
+def _tables(ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool],
+            stratum: Callable[[Hashable], Hashable]) -> list[tuple[int, int, int, int]]:
+    """One ``(s_level, n_level, s_ref, n_ref)`` per stratum."""
+    counts: dict[Hashable, list[int]] = {}
+    for side, outcomes in ((0, cur), (2, ref)):
+        for key, ok in outcomes.items():
+            row = counts.setdefault(stratum(key), [0, 0, 0, 0])
+            row[side] += bool(ok)
+            row[side + 1] += 1
+    return [(a, b, c, d) for a, b, c, d in counts.values()]
+
+
+def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool], paired: bool = True,
+         stratum: Callable[[Hashable], Hashable] | None = None) -> LevelTest:
     if not ref or not cur:
         return LevelTest(level, "none", False, None, None, None, False)
     shared = set(ref) & set(cur)
@@ -86,26 +106,39 @@ def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool],
         better = sum(1 for k in shared if cur[k] and not ref[k])
         return LevelTest(level, "paired-mcnemar", True, (worse - better) / len(shared),
                          mcnemar_exact_one_sided(worse, better), None, False, len(shared), worse, better)
+    tables = _tables(ref, cur, stratum) if stratum is not None else []
+    if len(tables) > 1:
+        return LevelTest(level, "unpaired-stratified", False, stratified_difference(tables),
+                         stratified_exact_one_sided(tables), None, False)
     s_ref, s_cur = sum(map(bool, ref.values())), sum(map(bool, cur.values()))
     p = boschloo_exact_one_sided(s_cur, len(cur), s_ref, len(ref))
     return LevelTest(level, "unpaired-boschloo", False, s_ref / len(ref) - s_cur / len(cur), p, None, False)
 
 
 def compare_levels(reference: Mapping[Hashable, bool], levels: Mapping[str, Mapping[Hashable, bool]],
-                   alpha: float = 0.05, paired: bool = True) -> dict[str, LevelTest]:
+                   alpha: float = 0.05, paired: bool = True,
+                   stratum: Callable[[Hashable], Hashable] | None = None) -> dict[str, LevelTest]:
     """Each level of ``levels`` against ``reference``, Holm-adjusted over the levels that were tested.
 
     ``reference`` and each level map an episode key to success (graded episodes only: errors and
     skips are left out by the caller). Returns a :class:`LevelTest` per level, in the given order.
     ``paired=False`` says that a key does not fix the same initial state at every level (a variant
-    suite with initial states of its own): every level is then tested unpaired.
+    suite with initial states of its own): every level is then tested unpaired. ``stratum`` maps an
+    episode key to its stratum (its task, for a table pooled over tasks): an unpaired level whose
+    episodes fall in more than one stratum is tested with the exact conditional test stratified by
+    it (:func:`~pytest_hud.stats.strata.stratified_exact_one_sided`), never on pooled counts.
 
         >>> compare_levels({"a": True}, {"x": {}})["x"].test
         'none'
     """
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha={alpha} must be strictly between 0 and 1")
-    tests = {name: _one(name, reference, outcomes, paired) for name, outcomes in levels.items()}
+    tests = {name: _one(name, reference, outcomes, paired, stratum) for name, outcomes in levels.items()}
+    return _holm(tests, alpha)
+
+
+def _holm(tests: dict[str, LevelTest], alpha: float) -> dict[str, LevelTest]:
+    """The tests with their Holm-adjusted p-values and verdicts (the family: the tested levels)."""
     adjusted = holm_adjusted({name: t.p_value for name, t in tests.items() if t.p_value is not None})
     out: dict[str, LevelTest] = {}
     for name, t in tests.items():
@@ -115,3 +148,43 @@ def compare_levels(reference: Mapping[Hashable, bool], levels: Mapping[str, Mapp
                              "significantly_worse": p <= alpha and (t.drop or 0.0) > 0.0})
         out[name] = t
     return out
+
+
+def _one_score(level: str, ref: Mapping[Hashable, float], cur: Mapping[Hashable, float], paired: bool,
+               stratum: Callable[[Hashable], Hashable] | None) -> LevelTest:
+    if not ref or not cur:
+        return LevelTest(level, "none", False, None, None, None, False)
+    shared = sorted(set(ref) & set(cur), key=str)
+    if paired and shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(ref), len(cur)):
+        diffs = [ref[k] - cur[k] for k in shared]
+        return LevelTest(level, "paired-signed-rank", True, sum(diffs) / len(diffs),
+                         signed_rank_exact_one_sided(diffs), None, False, len(shared),
+                         sum(1 for d in diffs if d > 0), sum(1 for d in diffs if d < 0))
+    groups: dict[Hashable, tuple[list[float], list[float]]] = {}
+    for side, outcomes in ((0, ref), (1, cur)):
+        for key, score in outcomes.items():
+            groups.setdefault(stratum(key) if stratum else None, ([], []))[side].append(float(score))
+    # the drop on what the test compared: the mean of the tasks' differences, each task weighted as in strata
+    weights = {g: len(b) * len(c) / (len(b) + len(c)) for g, (b, c) in groups.items() if b and c}
+    drop = (sum(w * (sum(groups[g][0]) / len(groups[g][0]) - sum(groups[g][1]) / len(groups[g][1]))
+                for g, w in weights.items()) / sum(weights.values())) if weights else None
+    test = "unpaired-rank-sum" if len(groups) == 1 else "unpaired-stratified-rank-sum"
+    return LevelTest(level, test, False, drop, stratified_rank_sum_one_sided(list(groups.values())), None, False)
+
+
+def compare_level_scores(reference: Mapping[Hashable, float], levels: Mapping[str, Mapping[Hashable, float]],
+                         alpha: float = 0.05, paired: bool = True,
+                         stratum: Callable[[Hashable], Hashable] | None = None) -> dict[str, LevelTest]:
+    """:func:`compare_levels` on each episode's graded score instead of its success: the signed-rank
+    test on the shared pairs (paired), else the rank-sum test, stratified by ``stratum`` when the
+    episodes fall in several strata (:mod:`.scores`); ``drop`` is in score units.
+
+        >>> ref = {("t", s): 0.9 for s in range(6)}
+        >>> out = compare_level_scores(ref, {"noise": {("t", s): 0.5 for s in range(6)}})
+        >>> out["noise"].test, out["noise"].p_value    # six worse pairs of six: 1 / 2**6
+        ('paired-signed-rank', 0.015625)
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha={alpha} must be strictly between 0 and 1")
+    tests = {name: _one_score(name, reference, scores, paired, stratum) for name, scores in levels.items()}
+    return _holm(tests, alpha)

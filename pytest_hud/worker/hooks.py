@@ -17,7 +17,7 @@ import pytest
 from pytest_hud import __version__
 from pytest_hud.worker.fixtures import hud_settings, item_settings
 from pytest_hud.worker.keys import EPISODES_KEY, SESSION_KEY
-from pytest_hud.core.settings import HudSettings
+from pytest_hud.core.settings import HudSettings, metric_problem
 
 if TYPE_CHECKING:
     from pytest_hud.core.results import EpisodeRecord
@@ -151,6 +151,11 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
             settings = item_settings(item, hud)
             if settings.min_success is not None:
                 ident["min_success"] = settings.min_success
+            if metric_problem(settings.metric):
+                problem = f"{item.nodeid.split('[', 1)[0]}: {metric_problem(settings.metric)}"
+                problems_of_items += [] if problem in problems_of_items else [problem]
+            elif settings.metric is not None:
+                ident["metric"] = settings.metric
             try:
                 axes = item_axes(item, hud.settings)
             except ValueError as exc:

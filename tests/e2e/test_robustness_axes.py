@@ -105,10 +105,10 @@ def test_the_summary_has_a_sensitivity_table_that_flags_the_large_noise(project:
     assert "Holm over 2 levels" in lines[head]
     rows = {line.split()[0]: line.split() for line in lines[head + 3:head + 6]}
     assert list(rows) == ["none", "low", "high"]  # reference first, then the parameter's order
-    assert rows["none"][1:4] == ["10", "10", "100.0%"] and rows["none"][7] == "ref"
-    assert rows["low"][1:3] == ["10", "10"] and rows["low"][-1] != "WORSE"
-    assert rows["high"][-1] == "WORSE" and int(rows["high"][2]) <= 4
-    assert rows["high"][7] == "paired"  # the same seeds at every level
+    assert rows["none"][1:5] == ["10", "0", "10", "100.0%"] and rows["none"][8] == "ref"
+    assert rows["low"][1:4] == ["10", "0", "10"] and rows["low"][-1] != "WORSE"
+    assert rows["high"][-1] == "WORSE" and int(rows["high"][3]) <= 4
+    assert rows["high"][8] == "paired"  # the same seeds at every level
     assert "robustness: noise: significantly worse than none: high" in out
     # the summary table comes first, then the sensitivity table
     assert out.index("pytest-hud summary") < out.index("robustness: noise")
@@ -197,7 +197,7 @@ def test_an_axis_whose_seeds_are_not_the_same_scene_is_compared_unpaired(project
     lines = result.stdout.lines
     head = next(i for i, line in enumerate(lines) if line.startswith("robustness: noise (reference none"))
     rows = {line.split()[0]: line.split() for line in lines[head + 3:head + 6]}
-    assert rows["low"][7] == rows["high"][7] == "unpaired", result.stdout.str()
+    assert rows["low"][8] == rows["high"][8] == "unpaired", result.stdout.str()
     summary = load_results(project.path / "results.jsonl").summary
     (pooled,) = [t for t in summary["sensitivity"] if t["scope"] == "pooled"]
     assert {row["level"]: row["test"] for row in pooled["rows"]}["high"] == "unpaired-boschloo"
