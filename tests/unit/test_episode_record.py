@@ -11,16 +11,16 @@ import pytest
 from pytest_hud.core.results import EpisodeRecord, EpisodeResult, ResultsWarning, ResultsWriter, load_results
 
 NEWER = {"task": "t.py::test_x", "episode": "3", "nodeid": "t.py::test_x[3]", "outcome": "passed", "success": True,
-         "steps": 12, "sim_success": True, "placement": {"rack": "b7"}}
+         "steps": 12, "shelf_life": 3, "placement": {"rack": "b7"}}
 
 
 def test_a_record_keeps_the_fields_it_does_not_know_and_names_them():
-    with pytest.warns(ResultsWarning, match="does not know: placement, sim_success; kept as they are"):
+    with pytest.warns(ResultsWarning, match="does not know: placement, shelf_life; kept as they are"):
         record = EpisodeRecord.from_dict(NEWER)
     assert (record.task, record.steps) == ("t.py::test_x", 12)
-    assert record.unknown == {"sim_success": True, "placement": {"rack": "b7"}}
+    assert record.unknown == {"shelf_life": 3, "placement": {"rack": "b7"}}
     data = record.to_dict()
-    assert data["sim_success"] is True and data["placement"] == {"rack": "b7"} and "unknown" not in data
+    assert data["shelf_life"] == 3 and data["placement"] == {"rack": "b7"} and "unknown" not in data
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert EpisodeRecord.from_dict(data, warn=False) == record  # the caller reports them itself
@@ -47,8 +47,8 @@ def test_a_newer_results_file_loads_with_one_warning_and_is_written_back_whole(t
     named = [w for w in caught if issubclass(w.category, ResultsWarning)]
     assert len(named) == 1, [str(w.message) for w in caught]  # one per file, not one per line
     assert str(named[0].message).startswith(f"{newer}: its episode records have fields")
-    assert "placement, sim_success" in str(named[0].message)
-    assert [r.unknown["sim_success"] for r in results.episodes] == [True, True]
+    assert "placement, shelf_life" in str(named[0].message)
+    assert [r.unknown["shelf_life"] for r in results.episodes] == [3, 3]
 
     again = tmp_path / "again.jsonl"  # e.g. a merge or a resumed run writing the records again
     writer = ResultsWriter(again, {}, "run-2")
@@ -56,7 +56,7 @@ def test_a_newer_results_file_loads_with_one_warning_and_is_written_back_whole(t
         writer.episode(record)
     writer.close()
     lines = [json.loads(line) for line in again.read_text().splitlines()[1:]]
-    assert all(line["sim_success"] is True and line["placement"] == {"rack": "b7"} for line in lines)
+    assert all(line["shelf_life"] == 3 and line["placement"] == {"rack": "b7"} for line in lines)
 
 
 def test_the_bridges_grade_names_fields_it_cannot_record():
