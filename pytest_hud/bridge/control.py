@@ -65,9 +65,9 @@ class ControlHandlers:
             "target": self.target,
             "build": engine.build_args,
             "broken": engine.broken,
-            "ticks": engine.ticks,
-            "env_steps": engine.env_steps,
-            "slot_steps": engine.slot_steps,
+            "ticks": engine.tick_rules.ticks,
+            "env_steps": engine.tick_rules.env_steps,
+            "slot_steps": engine.tick_rules.slot_steps,
             "episodes": engine.episodes,
             "uptime_s": time.monotonic() - self.started,
             "slots": engine.snapshot(),
@@ -79,11 +79,11 @@ class ControlHandlers:
             "tasks": list(engine.tasks),
             "sim": sim_stats(self.sim),
             "step_s": self.step_s,
-            "hint": stepping_hint(self.sim, engine.ticks, engine.env_steps, self.step_s,
+            "hint": stepping_hint(self.sim, engine.tick_rules.ticks, engine.tick_rules.env_steps, self.step_s,
                                   self._ticked_until - self._ticked_from, default_threads(engine.width)),
             "isolates": engine.isolates,
-            "in_service": engine.in_service,
-            "notes": list(engine.notes),
+            "in_service": engine.faults.in_service,
+            "notes": list(engine.faults.notes),
         }
 
     async def _rpc_claim(self, conn: Any, **task: Any) -> dict[str, Any]:
@@ -155,7 +155,7 @@ class ControlHandlers:
             raise failure from None
         if not faults:
             for i in plan.rebuild:
-                engine.rebuilt(i, None)
+                engine.faults.rebuilt(i, None)
             engine.apply_reset(plan, flags, rows)
             return
         if not engine.isolates:  # a sim that says it isolates slots but does not: broken, as above
@@ -163,8 +163,8 @@ class ControlHandlers:
             self._tell(ended)
             raise failure
         for i in plan.rebuild:  # a rebuild that raised retires its slot
-            engine.rebuilt(i, faults.get(i))
-        failed = dict(engine.faulted([(s, s.token) for s in plan.slots], faults, "reset", faults.intact))
+            engine.faults.rebuilt(i, faults.get(i))
+        failed = dict(engine.faults.faulted([(s, s.token) for s in plan.slots], faults, "reset", faults.intact))
         keep = [n for n, i in enumerate(plan.indices) if i not in faults]
         if keep:
             kept = ResetPlan([plan.slots[n] for n in keep], [plan.indices[n] for n in keep],
@@ -189,13 +189,13 @@ class ControlHandlers:
 
     async def _rebuild(self) -> None:
         async with self._sim_gate:
-            for i in self.engine.to_rebuild():
+            for i in self.engine.faults.to_rebuild():
                 try:
                     await self._sim_call(self.sim.rebuild_slot, i)
                 except Exception:  # noqa: BLE001 - the slot is retired; the others go on
-                    self.engine.rebuilt(i, traceback.format_exc())
+                    self.engine.faults.rebuilt(i, traceback.format_exc())
                 else:
-                    self.engine.rebuilt(i, None)
+                    self.engine.faults.rebuilt(i, None)
         async with self._slot_changed:
             self._slot_changed.notify_all()  # claims waiting for a slot: one may be back in service
 

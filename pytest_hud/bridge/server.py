@@ -84,7 +84,7 @@ class BridgeServer(ControlHandlers):
         self._held_timer: asyncio.TimerHandle | None = None
         self.started = time.monotonic()
         self._wave_gather_s = wave_gather_s
-        self._sim_gate = SimGate(on_free=self._maybe_tick if self.engine.lane_slots else None)
+        self._sim_gate = SimGate(on_free=self._maybe_tick if self.engine.tick_rules.lane_slots else None)
         self._lanes_busy: set[int] = set()  # lanes mode: lanes whose step is under way
         self._slot_changed = asyncio.Condition()
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
@@ -288,10 +288,10 @@ class BridgeServer(ControlHandlers):
             self._maybe_tick()
             self._end_conn(conn, peer, failure)
             return
-        if engine.lane_slots:
+        if engine.tick_rules.lane_slots:
             self._tick_lane(engine.lanes[slot.index])  # type: ignore[union-attr, index]
         elif not self._ticking:
-            if engine.ready_to_step(now):
+            if engine.tick_rules.ready_to_step(now):
                 self._tick_start()  # the last slot to act starts the tick itself
             else:
                 self._arm_window()
@@ -330,13 +330,13 @@ class BridgeServer(ControlHandlers):
 
     # ------------------------------------------------------------------ tick
     def _maybe_tick(self) -> None:
-        if self.engine.lane_slots:
-            for lane in self.engine.lane_slots:
+        if self.engine.tick_rules.lane_slots:
+            for lane in self.engine.tick_rules.lane_slots:
                 self._tick_lane(lane)
             return
         if self._ticking:
             return
-        if self.engine.ready_to_step(time.monotonic()):
+        if self.engine.tick_rules.ready_to_step(time.monotonic()):
             self._tick_start()
         else:
             self._arm_window()
@@ -347,7 +347,7 @@ class BridgeServer(ControlHandlers):
             # already armed, for an action that came before any still pending (or one a tick has
             # taken since: it wakes up early, looks, and arms the next window)
             return
-        due = self.engine.tick_due()
+        due = self.engine.tick_rules.tick_due()
         if due is None:
             return
         delay = max(0.0, due - time.monotonic())
@@ -379,7 +379,7 @@ class BridgeServer(ControlHandlers):
 
     def _tick_planned(self) -> None:
         now = time.monotonic()
-        plan = self.engine.plan_tick(now)
+        plan = self.engine.tick_rules.plan_tick(now)
         if plan is None:
             self._sim_gate.release()
             self._ticking = False
@@ -407,16 +407,16 @@ class BridgeServer(ControlHandlers):
             error = RuntimeError("\n".join(result[2].values()))  # said it isolates slots, but cannot
         if error is not None:
             why = explain("".join(traceback.format_exception(error)))
-            self._tell(engine.step_failed(plan, why))
+            self._tell(engine.faults.step_failed(plan, why))
             return
         batch, obs, faults = result
         if faults:  # only those slots' episodes fail; the others get their frames as usual
-            self._tell(engine.faulted([(s, token) for s, token, _ in plan.acting], faults, "step", faults.intact))
+            self._tell(engine.faults.faulted([(s, token) for s, token, _ in plan.acting], faults, "step", faults.intact))
             plan.acting = [entry for entry in plan.acting if entry[0].index not in faults]
             self._rebuild_soon()
         # packed before the gate opens: ``obs`` may be the sim's own buffers, which its next call reuses
         sockets = self._sockets
-        for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic(), rows_packer):
+        for i, frame in self.engine.tick_rules.apply_batch(plan, batch, obs, time.monotonic(), rows_packer):
             conn = sockets.get(i)
             if conn is not None:
                 conn.send(frame)
@@ -429,7 +429,7 @@ class BridgeServer(ControlHandlers):
     def _tick_lane(self, lane: int) -> None:
         if lane in self._lanes_busy:
             return
-        plan = self.engine.plan_lane(lane)
+        plan = self.engine.tick_rules.plan_lane(lane)
         if plan is None or not self._sim_gate.try_share():
             return
         self._lanes_busy.add(lane)

@@ -92,10 +92,10 @@ def act(engine: BridgeEngine, *slots: Slot, value: float = 0.0, now: float = 0.0
 
 def tick(engine: BridgeEngine, sim: FakeBatch, now: float = 0.0) -> dict[int, dict] | None:
     """One tick if the rules allow it at ``now``: ``{slot index: frame}``, or None when nothing was stepped."""
-    plan = engine.plan_tick(now)
+    plan = engine.tick_rules.plan_tick(now)
     if plan is None:
         return None
-    return dict(engine.apply_batch(plan, *sim.step(plan), now=now))
+    return dict(engine.tick_rules.apply_batch(plan, *sim.step(plan), now=now))
 
 
 # ---------------------------------------------------------------- claims
@@ -179,22 +179,22 @@ def test_ticks_wait_for_every_live_slot():
     engine, sim = make(2)
     a, b = live_slot(engine, sim, 3), live_slot(engine, sim, 6)
     act(engine, a)
-    assert not engine.ready_to_step() and tick(engine, sim) is None
+    assert not engine.tick_rules.ready_to_step() and tick(engine, sim) is None
     act(engine, b)
     frames = tick(engine, sim)
     assert sorted(frames) == [0, 1] and list(frames[1]["state"]) == [6, 1]
-    assert (a.steps, b.steps, engine.ticks, engine.slot_steps) == (1, 1, 1, 2)
+    assert (a.steps, b.steps, engine.tick_rules.ticks, engine.tick_rules.slot_steps) == (1, 1, 1, 2)
 
 
 def test_no_step_without_a_live_slot():
     engine, sim = make(2, length=1)
     engine.claim(1, {"seed": 1})
-    assert not engine.ready_to_step() and engine.plan_tick() is None
+    assert not engine.tick_rules.ready_to_step() and engine.tick_rules.plan_tick() is None
     assert sim.actions == []
     slot = live_slot(engine, sim, 2)
     act(engine, slot)
     tick(engine, sim)  # its last step: nothing is live afterwards
-    assert slot.state is SlotState.DONE and engine.plan_tick() is None and len(sim.actions) == 1
+    assert slot.state is SlotState.DONE and engine.tick_rules.plan_tick() is None and len(sim.actions) == 1
 
 
 def test_a_claimed_but_unbound_slot_is_held_and_reset_only_when_its_agent_binds():
@@ -251,9 +251,9 @@ def test_a_finished_sub_env_is_parked_before_the_next_step():
     assert b.state is SlotState.DONE
     c = live_slot(engine, sim, 5)  # reusing slot 0 resets it with its own seed
     act(engine, c)
-    plan = engine.plan_tick()
+    plan = engine.tick_rules.plan_tick()
     assert plan.park == [b.index]  # finished and not live: reset before it is stepped again
-    engine.apply_batch(plan, *sim.step(plan), now=0.0)
+    engine.tick_rules.apply_batch(plan, *sim.step(plan), now=0.0)
     assert sim.resets[-1] == [b.index] and not b.needs_park_reset
 
 
@@ -290,14 +290,14 @@ def test_a_sim_exception_fails_every_live_slot_and_breaks_the_bridge():
     a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
     waiting = engine.claim(1, {"seed": 3})
     act(engine, a, b)
-    failed = dict(engine.step_failed(engine.plan_tick(), "Traceback ...\nRuntimeError: it exploded"))
+    failed = dict(engine.faults.step_failed(engine.tick_rules.plan_tick(), "Traceback ...\nRuntimeError: it exploded"))
     assert failed.keys() == {a.index, b.index}
     assert all(isinstance(f, SimFailed) and "RuntimeError: it exploded" in str(f) for f in failed.values())
     assert a.state is b.state is SlotState.DONE and a.error.startswith("sim raised during step: RuntimeError")
     assert engine.broken and engine.broken_reason == "RuntimeError: it exploded"
     with pytest.raises(BridgeBroken, match="bridge is broken: RuntimeError: it exploded"):
         engine.bind(engine.open(0.0), {"claim": waiting.token})
-    assert engine.plan_tick() is None
+    assert engine.tick_rules.plan_tick() is None
 
 
 def test_a_slot_whose_reset_ran_after_the_bridge_broke_fails_instead_of_waiting_forever():
@@ -306,7 +306,7 @@ def test_a_slot_whose_reset_ran_after_the_bridge_broke_fails_instead_of_waiting_
     b = engine.claim(2, {"seed": 2})
     assert engine.bind(engine.open(0.0), {"claim": b.token}) is b  # bound: its reset waits for the sim
     act(engine, a)
-    engine.step_failed(engine.plan_tick(), "Traceback ...\nRuntimeError: it exploded")
+    engine.faults.step_failed(engine.tick_rules.plan_tick(), "Traceback ...\nRuntimeError: it exploded")
     plan = engine.plan_reset([b])
     engine.apply_reset(plan, *sim.reset(plan))  # the sim may well reset after a step raised
     with pytest.raises(BridgeBroken, match="bridge is broken: RuntimeError: it exploded"):
@@ -318,9 +318,9 @@ def test_in_ready_mode_a_sim_exception_also_fails_the_live_slots_that_did_not_ac
     engine, sim = make(2, tick="ready", tick_window=0.002)
     a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
     act(engine, a, now=1.0)
-    plan = engine.plan_tick(now=2.0)  # only a's action is in
+    plan = engine.tick_rules.plan_tick(now=2.0)  # only a's action is in
     assert [s for s, _, _ in plan.acting] == [a]
-    failed = dict(engine.step_failed(plan, "Traceback ...\nRuntimeError: it exploded"))
+    failed = dict(engine.faults.step_failed(plan, "Traceback ...\nRuntimeError: it exploded"))
     assert isinstance(failed[a.index], SimFailed) and isinstance(failed[b.index], BridgeBroken)
     assert "it exploded" in str(failed[b.index]) and b.state is SlotState.DONE
 
@@ -405,10 +405,10 @@ def test_success_is_latched_and_success_at_reset_is_flagged():
     assert already.success_at_reset and not slot.success_at_reset
     for success in (True, False):
         act(engine, slot, already)
-        plan = engine.plan_tick()
+        plan = engine.tick_rules.plan_tick()
         batch, obs = sim.step(plan)
         batch.success[:] = [success, False]
-        frames = dict(engine.apply_batch(plan, batch, obs, now=0.0))
+        frames = dict(engine.tick_rules.apply_batch(plan, batch, obs, now=0.0))
         assert frames[slot.index]["success"] is True  # latched: the second step cannot take it back
     assert slot.result().success and slot.result().score == 1.0
     result = already.result()
@@ -437,7 +437,7 @@ def test_wave_claims_wait_for_the_next_global_reset():
     engine.bind(engine.open(0.0), {"claim": a.token})
     engine.start(a, 0.0)
     act(engine, a)
-    assert engine.plan_tick() is None  # b is reset but its agent has not bound: nobody steps
+    assert engine.tick_rules.plan_tick() is None  # b is reset but its agent has not bound: nobody steps
     engine.bind(engine.open(0.0), {"claim": b.token})
     assert list(engine.start(b, 0.0)["state"]) == [6, 0]
     assert not engine.can_claim()  # a new claim waits for the next wave, it does not fail
@@ -460,15 +460,15 @@ def test_a_wave_bridge_never_parks_a_finished_slot_alone():
         engine.bind(engine.open(0.0), {"claim": slot.token})
         engine.start(slot, 0.0)
     act(engine, a, b)
-    plan = engine.plan_tick()
+    plan = engine.tick_rules.plan_tick()
     batch, obs = sim.step(plan)
     batch.terminated[a.index] = True  # a's episode ends early; b's goes on
-    engine.apply_batch(plan, batch, obs, now=0.0)
+    engine.tick_rules.apply_batch(plan, batch, obs, now=0.0)
     assert a.state is SlotState.DONE and b.state is SlotState.LIVE
     act(engine, b)
-    plan = engine.plan_tick()
+    plan = engine.tick_rules.plan_tick()
     assert plan.park == [] and plan.actions[a.index, 0] == 0.0  # held, not reset
-    engine.apply_batch(plan, *sim.step(plan), now=0.0)
+    engine.tick_rules.apply_batch(plan, *sim.step(plan), now=0.0)
     assert sim.resets == [[0, 1]]  # only the wave's own global reset
 
 
@@ -505,13 +505,13 @@ def test_ready_mode_steps_the_slots_whose_actions_are_in_once_the_window_closes(
     a, b, c = (live_slot(engine, sim, seed) for seed in (1, 2, 3))
     act(engine, a, now=10.000)
     act(engine, b, now=10.001)
-    assert engine.tick_due() == pytest.approx(10.002)  # from the first pending action
+    assert engine.tick_rules.tick_due() == pytest.approx(10.002)  # from the first pending action
     assert tick(engine, sim, now=10.0019) is None  # c may still come within the window
     frames = tick(engine, sim, now=10.002)
     assert frames.keys() == {a.index, b.index} and sim.stepped == [[0, 1]]
     assert list(frames[b.index]["state"]) == [2, 1]
     assert (a.steps, b.steps, c.steps) == (1, 1, 0) and list(sim.observe()["state"][c.index]) == [3, 0]
-    assert engine.tick_due() is None and engine.plan_tick(now=99.0) is None  # nothing pending
+    assert engine.tick_rules.tick_due() is None and engine.tick_rules.plan_tick(now=99.0) is None  # nothing pending
 
 
 def test_ready_mode_steps_at_once_when_every_live_slot_has_acted():
@@ -526,7 +526,7 @@ def test_lockstep_waits_for_every_live_slot_whatever_the_time():
     engine, sim = make(2, tick="lockstep", tick_window=0.002)
     a, _ = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
     act(engine, a, now=0.0)
-    assert engine.tick_due() is None and tick(engine, sim, now=1e9) is None
+    assert engine.tick_rules.tick_due() is None and tick(engine, sim, now=1e9) is None
 
 
 def test_ready_mode_never_steps_idle_slots_so_nothing_is_held_or_parked():
@@ -538,11 +538,11 @@ def test_ready_mode_never_steps_idle_slots_so_nothing_is_held_or_parked():
     claimed = engine.claim(1, {"seed": 7})
     slot = live_slot(engine, sim, 2)
     act(engine, slot, now=1.0)
-    plan = engine.plan_tick(now=1.0)
+    plan = engine.tick_rules.plan_tick(now=1.0)
     assert plan.mask.tolist() == [False, False, True, False] and plan.park == []
-    engine.apply_batch(plan, *sim.step(plan), now=1.0)
+    engine.tick_rules.apply_batch(plan, *sim.step(plan), now=1.0)
     assert sim.stepped == [[0], [2]] and claimed.steps == 0
-    assert (engine.ticks, engine.slot_steps, engine.env_steps) == (2, 2, 2)
+    assert (engine.tick_rules.ticks, engine.tick_rules.slot_steps, engine.tick_rules.env_steps) == (2, 2, 2)
 
 
 def test_a_slot_warming_up_its_model_does_not_hold_back_its_peers_in_ready_mode():
@@ -581,10 +581,10 @@ def test_a_ready_mode_step_reports_only_the_slots_it_stepped_as_ended():
     engine, sim = ready(2, length=3)
     a, b = live_slot(engine, sim, 1), live_slot(engine, sim, 2)
     act(engine, a)
-    plan = engine.plan_tick()
+    plan = engine.tick_rules.plan_tick()
     batch, obs = sim.step(plan)
     batch.terminated[b.index] = True  # a sim's stale row for a slot it did not step
-    engine.apply_batch(plan, batch, obs, now=0.0)
+    engine.tick_rules.apply_batch(plan, batch, obs, now=0.0)
     assert b.state is SlotState.LIVE and not b.needs_park_reset
 
 
@@ -645,11 +645,11 @@ def lanes(width: int = 4, length: int = 3, lane_of=(0, 0, 1, 1)) -> tuple[Bridge
 
 
 def lane_tick(engine: BridgeEngine, sim: FakeBatch, lane: int, now: float = 0.0) -> dict[int, dict] | None:
-    plan = engine.plan_lane(lane)
+    plan = engine.tick_rules.plan_lane(lane)
     if plan is None:
         return None
     assert plan.lane == lane
-    return dict(engine.apply_batch(plan, *sim.step(plan), now=now))
+    return dict(engine.tick_rules.apply_batch(plan, *sim.step(plan), now=now))
 
 
 def test_a_lane_steps_when_its_own_live_slots_have_acted_whatever_the_other_lanes_do():
@@ -658,12 +658,12 @@ def test_a_lane_steps_when_its_own_live_slots_have_acted_whatever_the_other_lane
     a, b, c, d = sorted((live_slot(engine, sim, seed) for seed in (1, 2, 3, 4)), key=lambda s: s.index)
     assert [engine.lanes[s.index] for s in (a, b, c, d)] == [0, 0, 1, 1]
     act(engine, a, c)
-    assert engine.plan_lane(0) is None and engine.plan_lane(1) is None  # b and d have not acted
+    assert engine.tick_rules.plan_lane(0) is None and engine.tick_rules.plan_lane(1) is None  # b and d have not acted
     act(engine, b)
     frames = lane_tick(engine, sim, 0)  # lane 0 is complete; lane 1 still waits for d
     assert frames.keys() == {a.index, b.index} and sim.stepped == [[0, 1]]
     assert (a.steps, b.steps, c.steps, d.steps) == (1, 1, 0, 0)
-    assert c.pending_action is not None and engine.plan_lane(1) is None
+    assert c.pending_action is not None and engine.tick_rules.plan_lane(1) is None
     act(engine, d)
     assert lane_tick(engine, sim, 1).keys() == {c.index, d.index} and sim.stepped[-1] == [2, 3]
 
@@ -673,11 +673,11 @@ def test_a_lane_never_steps_its_idle_slots_and_a_lane_without_live_slots_never_s
     a = live_slot(engine, sim, 1)
     engine.claim(1, {"seed": 9})  # claimed, not bound: nobody waits for it
     act(engine, a)
-    plan = engine.plan_lane(0)
+    plan = engine.tick_rules.plan_lane(0)
     assert plan.mask.tolist() == [True, False, False, False] and plan.park == []
-    engine.apply_batch(plan, *sim.step(plan), now=0.0)
-    assert a.state is SlotState.DONE and engine.plan_lane(0) is None and engine.plan_lane(1) is None
-    assert (engine.ticks, engine.slot_steps, engine.env_steps) == (1, 1, 1)
+    engine.tick_rules.apply_batch(plan, *sim.step(plan), now=0.0)
+    assert a.state is SlotState.DONE and engine.tick_rules.plan_lane(0) is None and engine.tick_rules.plan_lane(1) is None
+    assert (engine.tick_rules.ticks, engine.tick_rules.slot_steps, engine.tick_rules.env_steps) == (1, 1, 1)
 
 
 def test_an_episode_takes_the_same_steps_under_lockstep_and_lanes():
@@ -721,10 +721,10 @@ def test_release_and_disconnect_free_or_end_the_slot():
     assert a.state is b.state is SlotState.DONE and a.error is None
     assert b.error == "slot 1: agent disconnected mid-episode"
     act(engine, c, value=0.3)
-    assert engine.plan_tick().actions[:, 0].tolist() == [0.0, 0.0, pytest.approx(0.3)]  # held
+    assert engine.tick_rules.plan_tick().actions[:, 0].tolist() == [0.0, 0.0, pytest.approx(0.3)]  # held
     failure = engine.release(c, "token released")
     assert str(failure) == "slot 2 released: token released"
-    assert c.state is SlotState.FREE and c.token is None and engine.plan_tick() is None
+    assert c.state is SlotState.FREE and c.token is None and engine.tick_rules.plan_tick() is None
     assert [s["state"] for s in engine.snapshot()] == ["done", "done", "free"]
 
 
@@ -732,10 +732,10 @@ def test_a_step_in_flight_when_its_slot_is_released_does_not_leak_into_the_next_
     engine, sim = make(1)
     old = live_slot(engine, sim, 1)
     act(engine, old)
-    plan = engine.plan_tick()
+    plan = engine.tick_rules.plan_tick()
     engine.release(old, "token released")  # while the sim runs the step
     new = engine.claim(2, {"seed": 4})
-    assert engine.apply_batch(plan, *sim.step(plan), now=0.0) == []
+    assert engine.tick_rules.apply_batch(plan, *sim.step(plan), now=0.0) == []
     assert new.steps == 0 and new.total_reward == 0.0 and new.state is SlotState.CLAIMED
 
 
@@ -753,50 +753,50 @@ def test_a_reset_that_breaks_a_natively_batched_sim_fails_every_live_episode_at_
     assert isinstance(told, BridgeBroken)
     assert str(told).startswith(f"slot {running.index}: bridge broken by slot {claimed.index}'s reset: "
                                 "ValueError: seed 13")
-    assert engine.plan_tick(now=1.0) is None and not engine.can_claim() or engine.broken
+    assert engine.tick_rules.plan_tick(now=1.0) is None and not engine.can_claim() or engine.broken
 
 
 def test_an_isolated_slots_fault_fails_its_episode_only_and_the_slot_is_rebuilt_before_its_next_claim():
     engine, sim = make(3, isolates=True)
     a, b = live_slot(engine, sim, seed=5), live_slot(engine, sim, seed=6, owner=2)
     act(engine, a, b)
-    plan = engine.plan_tick(now=0.0)
-    failed = dict(engine.faulted([(s, t) for s, t, _ in plan.acting], {a.index: "Traceback\nKeyError: 'x'"},
+    plan = engine.tick_rules.plan_tick(now=0.0)
+    failed = dict(engine.faults.faulted([(s, t) for s, t, _ in plan.acting], {a.index: "Traceback\nKeyError: 'x'"},
                                  "step"))
     assert list(failed) == [a.index] and isinstance(failed[a.index], SimFailed)
     assert str(failed[a.index]).startswith(f"slot {a.index}'s env raised during step: KeyError: 'x'")
     assert a.state is SlotState.DONE and b.state is SlotState.LIVE and not engine.broken
     plan.acting = [e for e in plan.acting if e[0] is not a]
-    frames = dict(engine.apply_batch(plan, *sim.step(plan), now=0.0))
+    frames = dict(engine.tick_rules.apply_batch(plan, *sim.step(plan), now=0.0))
     assert list(frames) == [b.index] and b.steps == 1 and a.steps == 0
     engine.release(a, "graded")
-    assert engine.to_rebuild() == [a.index]
+    assert engine.faults.to_rebuild() == [a.index]
     assert engine.claim(3, {"seed": 1}).index != a.index  # never lands on a slot being rebuilt
-    engine.rebuilt(a.index, None)
-    assert a.service is None and engine.to_rebuild() == []
+    engine.faults.rebuilt(a.index, None)
+    assert a.service is None and engine.faults.to_rebuild() == []
 
 
 def test_a_lockstep_tick_does_not_step_or_park_a_slot_out_of_service():
     engine, sim = make(3, isolates=True)
     a = live_slot(engine, sim, seed=5)
-    engine.faulted([], {2: "Traceback\nRuntimeError: hold step"}, "step")  # a free slot's hold step raised
+    engine.faults.faulted([], {2: "Traceback\nRuntimeError: hold step"}, "step")  # a free slot's hold step raised
     act(engine, a)
-    plan = engine.plan_tick(now=0.0)
+    plan = engine.tick_rules.plan_tick(now=0.0)
     assert plan.mask is not None and plan.mask.tolist() == [True, True, False] and 2 not in plan.park
 
 
 def test_a_slot_is_retired_after_repeated_faults_or_a_failed_rebuild_and_the_last_one_breaks_the_bridge():
     engine, _ = make(2, isolates=True, max_faults=2)
-    engine.faulted([], {0: "Traceback\nValueError: one"}, "reset")
-    engine.rebuilt(0, None)
-    engine.faulted([], {0: "Traceback\nValueError: two"}, "reset")
+    engine.faults.faulted([], {0: "Traceback\nValueError: one"}, "reset")
+    engine.faults.rebuilt(0, None)
+    engine.faults.faulted([], {0: "Traceback\nValueError: two"}, "reset")
     assert engine.slots[0].service.startswith("retired: its env raised 2 times (last: ValueError: two)")
-    assert engine.in_service == 1 and engine.to_rebuild() == []
-    assert engine.notes == ["slot 0 retired: its env raised 2 times (last: ValueError: two); "
+    assert engine.faults.in_service == 1 and engine.faults.to_rebuild() == []
+    assert engine.faults.notes == ["slot 0 retired: its env raised 2 times (last: ValueError: two); "
                             "the bridge runs on 1 of 2 slots"]
     assert [engine.claim(1, {}).index for _ in range(1)] == [1] and not engine.can_claim()
-    engine.faulted([], {1: "Traceback\nOSError: gone"}, "step")
-    engine.rebuilt(1, "Traceback\nOSError: cannot build")
+    engine.faults.faulted([], {1: "Traceback\nOSError: gone"}, "step")
+    engine.faults.rebuilt(1, "Traceback\nOSError: cannot build")
     assert engine.broken and "every slot of this bridge was retired" in engine.broken
 
 
