@@ -22,7 +22,7 @@ from pytest_hud.wire.rpc import RpcError
 from pytest_hud.sim.base import VectorSim
 from pytest_hud.bridge.closing import close_reason, fail
 from pytest_hud.bridge.engine import BridgeEngine, ResetPlan
-from pytest_hud.bridge.failures import SimFailed, SlotError, SlotFailure, TaskError
+from pytest_hud.bridge.exceptions import SimFailed, SlotError, SlotFailure, TaskError
 from pytest_hud.bridge.simcalls import explain, reset_and_observe
 from pytest_hud.bridge.simgate import SimGate
 from pytest_hud.bridge.slots import Slot, SlotState

@@ -25,7 +25,7 @@ Wave mode (sims that reset all slots at once): claims gather until the next glob
 wave is planned, a new claim waits until every episode of that wave is over, because the next global
 reset would reset them too.
 
-What the engine refuses or ends is a :mod:`.failures` class; ``str(failure)`` is what the agent reads.
+What the engine refuses or ends is a :mod:`.exceptions` class; ``str(failure)`` is what the agent reads.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import numpy as np
 from pytest_hud.core.contract import Contract, ContractError
 from pytest_hud.sim.claims import ClaimRules
 from pytest_hud.sim.instructions import check_instructions, claim_prompt
-from pytest_hud.bridge.failures import (
+from pytest_hud.bridge.exceptions import (
     ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout, EpisodeOver, NoFirstObservation,
     SlotError, SlotFailure, SlotReleased, TaskError,
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from pytest_hud.sim.base import last_line
-from pytest_hud.bridge.failures import BridgeBroken, SimFailed, SlotFailure
+from pytest_hud.bridge.exceptions import BridgeBroken, SimFailed, SlotFailure
 from pytest_hud.bridge.slots import Slot, SlotState
 
 __all__ = ["FaultRules"]

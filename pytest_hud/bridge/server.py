@@ -30,7 +30,7 @@ from pytest_hud.bridge.control import ControlChannel
 from pytest_hud.bridge.engine import (
     DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, Timeouts, resolve_tick,
 )
-from pytest_hud.bridge.failures import BadAction, BadClaim, SimFailed, SlotFailure
+from pytest_hud.bridge.exceptions import BadAction, BadClaim, SimFailed, SlotFailure
 from pytest_hud.bridge.simcalls import explain, lane_end, park_step_observe
 from pytest_hud.bridge.simgate import SimGate
 from pytest_hud.bridge.slots import Slot, SlotState

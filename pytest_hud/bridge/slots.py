@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_hud.bridge.failures import SlotFailure
+from pytest_hud.bridge.exceptions import SlotFailure
 from pytest_hud.core.results import EpisodeResult
 
 __all__ = ["Slot", "SlotState"]
