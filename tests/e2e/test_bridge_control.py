@@ -65,10 +65,9 @@ def test_a_closed_socket_makes_the_client_raise_at_once(bridge):
         ws = SlotClient(address, claim.token, recv_timeout=30)
         for proc in bridge.processes:
             proc.kill()
-        t0 = time.monotonic()
+        # "closed", not the "sent nothing for 30 s" of a client that waited out its read timeout
         with pytest.raises(BridgeError, match="closed"):
             ws.step(np.zeros(1, np.float32))
-        assert time.monotonic() - t0 < 5
         with pytest.raises(BridgeError):
             control.result(claim.token)
 
