@@ -109,3 +109,19 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def first_obs(address, seed, slot=None):
+    """The first observation a claim with ``seed`` gets from the bridge at ``address`` (the slot released after)."""
+    import numpy as np
+
+    from pytest_hud.client.bridge import ControlClient, SlotClient
+
+    with ControlClient(address) as control:
+        claim = control.claim(seed=seed)
+        if slot is not None:
+            assert claim.slot == slot
+        with SlotClient(address, claim.token) as ws:
+            obs = np.array(ws.first_observation["state"])
+        control.release(claim.token)
+    return obs

@@ -3,12 +3,12 @@
 Both halves of the bridge end sockets this way: the control channel's handlers (:mod:`.control`:
 a slot released or broken under its agent) and the slot WebSocket path (:mod:`.server`: a bad
 frame, a timeout, a failed step), so it is a module of its own that both import. The close code
-comes from the failure's class (:mod:`.failures`), never from its wording.
+comes from the failure's class (:mod:`.exceptions`), never from its wording.
 """
 
 from __future__ import annotations
 
-from pytest_hud.bridge.failures import SimFailed, SlotFailure
+from pytest_hud.bridge.exceptions import SimFailed, SlotFailure
 from pytest_hud.bridge.wsserver import WsConnection
 
 __all__ = ["close_code", "close_reason", "fail"]

@@ -1,90 +1,61 @@
 """The bridge's control channel: the JSON-RPC handlers that claim, grade, release and rebuild its slots.
 
-:class:`ControlHandlers` is the control half of :class:`~pytest_hud.bridge.server.BridgeServer`,
-a mixin with no state of its own: ``contract``, ``stats``, ``claim`` (also ``reset``; in wave mode
-the global reset it waits for), ``result`` and ``release``, and what a closed control connection
-frees. The resets and env rebuilds they plan run through the server's sim gate, so they take
-turns with the tick (:mod:`.server`, which keeps the slot WebSocket path and the tick).
+:class:`ControlChannel` holds what the control calls need and nothing else: the sim and the
+engine, the sim gate and the call that runs a sim call on the main thread (so resets and env
+rebuilds take turns with the tick), the slot sockets (the server's map, shared: a released slot's
+agent is told), and its own state (the condition claims wait on, the wave and rebuild tasks). Its
+handlers are ``claim`` (also ``reset``; in wave mode the global reset it waits for), ``result``
+and ``release``, and what a closed control connection frees; the server (:mod:`.server`) adds
+``contract`` and ``stats``, and uses :meth:`ControlChannel.reset`, :meth:`ControlChannel.tell` and
+:meth:`ControlChannel.rebuild_soon` on the slot WebSocket path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pytest_hud.wire.rpc import RpcError
-from pytest_hud.sim.base import VectorSim, sim_stats, stepping_hint
+from pytest_hud.sim.base import VectorSim
 from pytest_hud.bridge.closing import close_reason, fail
 from pytest_hud.bridge.engine import BridgeEngine, ResetPlan
-from pytest_hud.bridge.failures import SimFailed, SlotError, SlotFailure, TaskError
+from pytest_hud.bridge.exceptions import SimFailed, SlotError, SlotFailure, TaskError
 from pytest_hud.bridge.simcalls import explain, reset_and_observe
 from pytest_hud.bridge.simgate import SimGate
 from pytest_hud.bridge.slots import Slot, SlotState
-from pytest_hud.sim.threads import default_threads
 from pytest_hud.bridge.wsserver import WsConnection
 
-__all__ = ["ControlHandlers"]
+__all__ = ["ControlChannel"]
 
 
-class ControlHandlers:
-    """The control channel's RPC handlers and the resets and rebuilds they run (a mixin of
-    :class:`~pytest_hud.bridge.server.BridgeServer`; see the module docstring)."""
+class ControlChannel:
+    """The control channel's RPC handlers and the resets and rebuilds they run (see the module
+    docstring). ``sim_call(fn, *args)`` runs a sim call on the main thread; ``slot_freed()`` is
+    called once a slot is released (the tick may have waited for it)."""
 
-    # The server's state and methods these handlers use: declared, not imported, because the
-    # server imports this module (set by BridgeServer.__init__, or methods of the server).
-    sim: VectorSim
-    engine: BridgeEngine
-    target: str
-    contract_dict: dict[str, Any]
-    started: float
-    step_s: float
-    _ticked_from: float
-    _ticked_until: float
-    _held: list[Any]
-    _sockets: dict[int, WsConnection]
-    _slot_changed: asyncio.Condition
-    _sim_gate: SimGate
-    _wave_gather_s: float
-    _wave_task: asyncio.Task | None
-    _rebuild_task: asyncio.Task | None
-    _sim_call: Callable[..., Awaitable[Any]]
-    _maybe_tick: Callable[[], None]
+    def __init__(self, sim: VectorSim, engine: BridgeEngine, gate: SimGate,
+                 sim_call: Callable[..., Awaitable[Any]], sockets: dict[int, WsConnection], *,
+                 slot_freed: Callable[[], None], wave_gather_s: float = 0.05) -> None:
+        self.sim = sim
+        self.engine = engine
+        self._sim_gate = gate
+        self._sim_call = sim_call
+        self._sockets = sockets
+        self._slot_freed = slot_freed
+        self._wave_gather_s = wave_gather_s
+        self._slot_changed = asyncio.Condition()  # claims waiting for a free slot, or a wave
+        self._wave_task: asyncio.Task | None = None
+        self._rebuild_task: asyncio.Task | None = None
 
-    async def _rpc_contract(self, conn: Any) -> dict[str, Any]:
-        return self.contract_dict
-
-    async def _rpc_stats(self, conn: Any) -> dict[str, Any]:
-        engine = self.engine
-        return {
-            "width": engine.width,
-            "pid": os.getpid(),
-            "target": self.target,
-            "build": engine.build_args,
-            "broken": engine.broken,
-            "ticks": engine.ticks,
-            "env_steps": engine.env_steps,
-            "slot_steps": engine.slot_steps,
-            "episodes": engine.episodes,
-            "uptime_s": time.monotonic() - self.started,
-            "slots": engine.snapshot(),
-            "wave": engine.wave,
-            "tick": engine.tick,
-            "start_together": engine.start_together,
-            "starts_held": len(self._held),
-            "vectorization": self.sim.vectorization,
-            "tasks": list(engine.tasks),
-            "sim": sim_stats(self.sim),
-            "step_s": self.step_s,
-            "hint": stepping_hint(self.sim, engine.ticks, engine.env_steps, self.step_s,
-                                  self._ticked_until - self._ticked_from, default_threads(engine.width)),
-            "isolates": engine.isolates,
-            "in_service": engine.in_service,
-            "notes": list(engine.notes),
-        }
+    def handlers(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The JSON-RPC methods this channel answers, by name."""
+        return {"claim": self._rpc_claim,
+                "reset": self._rpc_claim,  # the call's first name, for clients written to it
+                "result": self._rpc_result,
+                "release": self._rpc_release}
 
     async def _rpc_claim(self, conn: Any, **task: Any) -> dict[str, Any]:
         """``claim(**task)`` (also ``reset``): check the claim, wait for a free slot, mint its token.
@@ -134,13 +105,13 @@ class ControlHandlers:
             if plan is None:
                 return
             try:
-                await self._reset(plan)
+                await self.reset(plan)
             except SimFailed as failure:
                 async with self._slot_changed:
                     self._slot_changed.notify_all()  # claims waiting for the next wave hear it is broken
                 raise RpcError(str(failure)) from None
 
-    async def _reset(self, plan: ResetPlan) -> None:
+    async def reset(self, plan: ResetPlan) -> None:
         """Run ``plan`` on the main thread. A sim exception breaks the bridge (raises :class:`SimFailed`;
         every LIVE episode hears it at once); where the sim isolates its slots, only the slots whose
         envs raised fail (raises :class:`SimFailed` when the slot of ``plan`` is one of them)."""
@@ -151,51 +122,51 @@ class ControlHandlers:
             )
         except Exception:
             failure, ended = engine.reset_failed(plan, explain(traceback.format_exc()))
-            self._tell(ended)
+            self.tell(ended)
             raise failure from None
         if not faults:
             for i in plan.rebuild:
-                engine.rebuilt(i, None)
+                engine.faults.rebuilt(i, None)
             engine.apply_reset(plan, flags, rows)
             return
         if not engine.isolates:  # a sim that says it isolates slots but does not: broken, as above
             failure, ended = engine.reset_failed(plan, explain("\n".join(faults.values())))
-            self._tell(ended)
+            self.tell(ended)
             raise failure
         for i in plan.rebuild:  # a rebuild that raised retires its slot
-            engine.rebuilt(i, faults.get(i))
-        failed = dict(engine.faulted([(s, s.token) for s in plan.slots], faults, "reset", faults.intact))
+            engine.faults.rebuilt(i, faults.get(i))
+        failed = dict(engine.faults.faulted([(s, s.token) for s in plan.slots], faults, "reset", faults.intact))
         keep = [n for n, i in enumerate(plan.indices) if i not in faults]
         if keep:
             kept = ResetPlan([plan.slots[n] for n in keep], [plan.indices[n] for n in keep],
                              [plan.seeds[n] for n in keep], [plan.options[n] for n in keep],
                              None if plan.tasks is None else [plan.tasks[n] for n in keep])
             engine.apply_reset(kept, [flags[n] for n in keep], {k: v[keep] for k, v in rows.items()})
-        self._rebuild_soon()
+        self.rebuild_soon()
         if failed:
             raise next(iter(failed.values()))
 
-    def _tell(self, failed: list[tuple[int, SlotFailure]]) -> None:
+    def tell(self, failed: list[tuple[int, SlotFailure]]) -> None:
         """Send each ``(slot index, failure)`` to that slot's agent now."""
         for i, failure in failed:
             conn = self._sockets.get(i)
             if conn is not None:
                 fail(conn, failure)
 
-    def _rebuild_soon(self) -> None:
+    def rebuild_soon(self) -> None:
         """Rebuild the envs that raised (on the main thread, in turn with resets and steps)."""
         if self._rebuild_task is None or self._rebuild_task.done():
             self._rebuild_task = asyncio.ensure_future(self._rebuild())
 
     async def _rebuild(self) -> None:
         async with self._sim_gate:
-            for i in self.engine.to_rebuild():
+            for i in self.engine.faults.to_rebuild():
                 try:
                     await self._sim_call(self.sim.rebuild_slot, i)
                 except Exception:  # noqa: BLE001 - the slot is retired; the others go on
-                    self.engine.rebuilt(i, traceback.format_exc())
+                    self.engine.faults.rebuilt(i, traceback.format_exc())
                 else:
-                    self.engine.rebuilt(i, None)
+                    self.engine.faults.rebuilt(i, None)
         async with self._slot_changed:
             self._slot_changed.notify_all()  # claims waiting for a slot: one may be back in service
 
@@ -216,7 +187,7 @@ class ControlHandlers:
         await self._free(slot, "token released")
         return {"released": True, "slot": slot.index}
 
-    async def _on_control_close(self, conn: Any) -> None:
+    async def on_control_close(self, conn: Any) -> None:
         for slot in self.engine.owned_by(conn.id):
             await self._free(slot, "the control connection that claimed this slot closed")
 
@@ -231,4 +202,4 @@ class ControlHandlers:
                 ws.close(1000, close_reason(why))
         async with self._slot_changed:
             self._slot_changed.notify_all()
-        self._maybe_tick()  # a released slot may have been the one the tick waited for
+        self._slot_freed()  # a released slot may have been the one the tick waited for

@@ -5,10 +5,11 @@ only moves bytes (sockets, codec) and runs the sim calls the engine plans, on th
 is passed in (``now``: seconds on a monotonic clock), so every rule, timeouts included, is testable
 with plain function calls and a fake batch.
 
-Its tick rules (the three tick modes, holds, parking) are :class:`~.ticks.TickRules` and what
-a sim's exception does is :class:`~.faults.FaultRules`: mixins of :class:`BridgeEngine`, so the
-engine stays one pure class, read and unit-tested as one, in modules of one concern each. This
-module keeps the rest of a slot's life: claims, binding agents, resets, starting together, timeouts.
+The engine holds two rule objects of its own, sharing its slots with them: its tick rules (the
+three tick modes, holds, parking, the tick counters) are ``engine.tick_rules``, a
+:class:`~.ticks.TickRules`, and the bridge's health (broken or not, envs to rebuild, retired slots)
+is ``engine.faults``, a :class:`~.faults.FaultRules`. This module keeps the rest of a slot's life:
+claims, binding agents, resets, starting together, timeouts.
 
 Starting together (``start_together``, for a batching policy server): an episode whose slot was
 reset does not get its first observation until it and the LIVE episodes are ``start_together``
@@ -24,7 +25,7 @@ Wave mode (sims that reset all slots at once): claims gather until the next glob
 wave is planned, a new claim waits until every episode of that wave is over, because the next global
 reset would reset them too.
 
-What the engine refuses or ends is a :mod:`.failures` class; ``str(failure)`` is what the agent reads.
+What the engine refuses or ends is a :mod:`.exceptions` class; ``str(failure)`` is what the agent reads.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import numpy as np
 from pytest_hud.core.contract import Contract, ContractError
 from pytest_hud.sim.claims import ClaimRules
 from pytest_hud.sim.instructions import check_instructions, claim_prompt
-from pytest_hud.bridge.failures import (
+from pytest_hud.bridge.exceptions import (
     ActionTimeout, BadAction, BadClaim, BridgeBroken, ClaimTimeout, EpisodeOver, NoFirstObservation,
     SlotError, SlotFailure, SlotReleased, TaskError,
 )
@@ -88,9 +89,9 @@ class ResetPlan:
     rebuild: list[int] = field(default_factory=list)  # slots whose env raised: rebuilt before their reset
 
 
-class BridgeEngine(TickRules, FaultRules):
-    """Slots, claims and tick rules of one bridge with ``width`` slots (see the module docstring):
-    the ticks are :class:`~.ticks.TickRules`, the faults :class:`~.faults.FaultRules`."""
+class BridgeEngine:
+    """Slots and claims of one bridge with ``width`` slots (see the module docstring); its ticks
+    are ``tick_rules`` (:class:`~.ticks.TickRules`), its faults ``faults`` (:class:`~.faults.FaultRules`)."""
 
     def __init__(self, width: int, contract: Contract, hold_action: Any, *, hold: str = "zeros",
                  wave: bool = False, timeouts: Timeouts | None = None,
@@ -119,14 +120,8 @@ class BridgeEngine(TickRules, FaultRules):
         self.slots = [Slot(i) for i in range(width)]
         self.start_together = min(start_together, width)  # 0 or 1: every episode starts at once
         self.lanes = lanes  # the parallel lane of each slot (None: slots step one after another)
-        self.contract, self.hold, self.wave = contract, hold, wave
-        self.tick, self.tick_window = tick, float(tick_window)
-        self._ready = tick == "ready"
-        #: lanes mode: each lane's slots, in slot order
-        self.lane_slots: dict[int, list[Slot]] = {}
-        if tick == "lanes":
-            for slot in self.slots:
-                self.lane_slots.setdefault(lanes[slot.index], []).append(slot)  # type: ignore[index]
+        self.contract, self.wave, self.tick = contract, wave, tick
+        self.isolates = isolates and not wave  # an env's exception is its slot's alone (FaultRules.faulted)
         self._wave_resetting = False  # a wave reset is planned and not applied yet
         self.timeouts = timeouts or Timeouts()
         self.build_args = dict(build_args or {})
@@ -135,28 +130,28 @@ class BridgeEngine(TickRules, FaultRules):
         self.instructions = check_instructions(instructions, self.tasks)
         self.instruction = instruction
         self._build_key = json.dumps(self.build_args, sort_keys=True)
-        self._hold_action = np.asarray(hold_action)
-        self._batch_shape = (width,) + self._hold_action.shape
         self._by_token: dict[str, Slot] = {}
         self._handshakes: set[Handshake] = set()
-        self.broken: str | None = None  # the sim's traceback, once it raised
         self.claims = claims or ClaimRules()
         self._rng = rng or random.SystemRandom()  # seeds for claims that give none
-        self.isolates = isolates and not wave  # an env's exception is its slot's alone (see faulted)
-        if max_faults < 1:
-            raise ValueError(f"max_faults must be at least 1, got {max_faults}")
-        self.max_faults = max_faults
-        self.notes: list[str] = []  # slots retired, for the bridge's stats (the run's summary)
-        self.ticks = self.slot_steps = self.env_steps = self.episodes = 0
+        self.faults = FaultRules(self.slots, max_faults)
+        self.tick_rules = TickRules(self.slots, self.faults, hold_action, mode=tick, hold=hold, wave=wave,
+                                    isolates=self.isolates, tick_window=tick_window,
+                                    step_timeout=self.timeouts.step, lanes=lanes)
+        self.episodes = 0
 
     @property
     def width(self) -> int:
         return len(self.slots)
 
     @property
+    def broken(self) -> str | None:
+        """The sim's traceback once it broke the bridge (``faults.broken``), else None."""
+        return self.faults.broken
+
+    @property
     def broken_reason(self) -> str:
-        """The last line of the sim's traceback (the exception itself), or '' when not broken."""
-        return self.broken.splitlines()[-1] if self.broken else ""
+        return self.faults.broken_reason
 
     # ---------------------------------------------------------------- claims
     def check_task(self, task: dict[str, Any]) -> dict[str, Any]:
@@ -293,11 +288,6 @@ class BridgeEngine(TickRules, FaultRules):
             for s in self.slots
         ]
 
-    @property
-    def in_service(self) -> int:
-        """Slots not retired (the bridge's width as it now runs)."""
-        return sum(1 for s in self.slots if not (s.service or "").startswith("retired"))
-
     # ---------------------------------------------------------------- resets
     def plan_reset(self, slots: list[Slot]) -> ResetPlan:
         tasks = [s.task.get("task") for s in slots] if self.tasks else None
@@ -326,6 +316,12 @@ class BridgeEngine(TickRules, FaultRules):
             self._wave_resetting = False
             for s in self.slots:
                 s.needs_park_reset = False
+
+    def reset_failed(self, plan: ResetPlan, traceback: str) -> tuple[SlotFailure, list[tuple[int, SlotFailure]]]:
+        """The sim raised during ``plan`` and cannot pin it on a slot: the bridge is broken
+        (:meth:`FaultRules.reset_failed <.faults.FaultRules.reset_failed>`); a wave reset is over."""
+        self._wave_resetting = False
+        return self.faults.reset_failed(plan, traceback)
 
     # ------------------------------------------------------------- agent side
     def open(self, now: float) -> Handshake:
@@ -373,7 +369,7 @@ class BridgeEngine(TickRules, FaultRules):
         """The bound slot goes LIVE; returns its first observation frame and starts its first-action clock."""
         if self.broken:  # its reset ran after another call broke the bridge: it could never step
             failure = BridgeBroken(f"bridge is broken: {self.broken_reason}")
-            self._end(slot, str(failure), failure)
+            slot.end(str(failure), failure)
             raise failure
         obs = slot.first_obs
         if obs is None:
@@ -411,7 +407,7 @@ class BridgeEngine(TickRules, FaultRules):
     def refuse_action(self, slot: Slot, reason: str) -> BadAction:
         """Fail ``slot`` for an unusable action frame (its peers continue); returns the failure."""
         failure = BadAction(f"slot {slot.index}: {reason}")
-        self._end(slot, str(failure), failure)
+        slot.end(str(failure), failure)
         return failure
 
     def late_frame(self, slot: Slot) -> EpisodeOver:
@@ -420,7 +416,7 @@ class BridgeEngine(TickRules, FaultRules):
     def disconnect(self, slot: Slot, clean: bool) -> None:
         """The agent hung up. A clean close mid-episode is an agent that stopped; anything else an error."""
         if slot.state is SlotState.LIVE:
-            self._end(slot, None if clean else f"slot {slot.index}: agent disconnected mid-episode")
+            slot.end(None if clean else f"slot {slot.index}: agent disconnected mid-episode")
 
     def expire(self, now: float) -> list[tuple[Slot | Handshake, SlotFailure]]:
         """Fail every handshake and LIVE slot whose deadline is ``now`` or earlier; returns them."""
@@ -437,23 +433,9 @@ class BridgeEngine(TickRules, FaultRules):
                                else (self.timeouts.step, "--hud-step-timeout"))
                 failure = ActionTimeout(
                     f"slot {s.index} sent no {s.awaiting} within {limit:g} s ({flag}); its peers continue")
-                self._end(s, str(failure), failure)
+                s.end(str(failure), failure)
                 expired.append((s, failure))
         return expired
-
-    # --------------------------------------------------------------- helpers
-    def _end(self, slot: Slot, error: str | None, failure: SlotFailure | None = None) -> None:
-        if slot.state is SlotState.LIVE or slot.state is SlotState.CLAIMED:
-            slot.state = SlotState.DONE
-        if error and not slot.error:
-            slot.error = error
-            if slot.failure is None:
-                slot.failure = failure
-        slot.pending_action = slot.deadline = None
-
-    def _mark_broken(self, traceback: str) -> None:
-        if not self.broken:
-            self.broken = traceback.strip()
 
 
 def _describe(value: Any) -> str:

@@ -1,24 +1,24 @@
 """The bridge's fault rules without I/O: what a sim's exception does to the episodes, envs and slots it hit.
 
-:class:`FaultRules` is the fault half of :class:`~pytest_hud.bridge.engine.BridgeEngine`, a mixin
-with no state of its own: the engine is still one pure class, read and unit-tested as one, while
-what a fault does is read here, apart from claims (:mod:`.engine`) and ticks (:mod:`.ticks`).
+:class:`FaultRules` is the bridge's health: whether it is broken (and by what), which slots' envs
+are to be rebuilt, which slots are retired, and the notes that say so. The engine
+(:class:`~pytest_hud.bridge.engine.BridgeEngine`) holds one and shares its slots with it; everything
+else a rule needs is an argument.
 
 A sim whose slots are independent envs (``isolates``) pins an exception on the slots whose envs
 raised (:meth:`FaultRules.faulted`): their episodes fail, their envs are rebuilt before the next
 claim lands there (a slot is retired after ``max_faults`` faults, or when its rebuild fails), and
 every other slot goes on exactly as without the fault. Any other sim exception breaks the bridge
 and fails every LIVE episode at once (``bridge broken by slot N's reset: ...``): none waits for its
-own timeout.
+own timeout (:meth:`FaultRules.reset_failed`, :meth:`FaultRules.step_failed`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from pytest_hud.sim.base import last_line
-from pytest_hud.bridge.failures import BridgeBroken, SimFailed, SlotFailure
+from pytest_hud.bridge.exceptions import BridgeBroken, SimFailed, SlotFailure
 from pytest_hud.bridge.slots import Slot, SlotState
 
 __all__ = ["FaultRules"]
@@ -31,44 +31,75 @@ class _Reset(Protocol):
     indices: list[int]
 
 
-class FaultRules:
-    """What a sim's exception ends, which envs are rebuilt and which slots retired (a mixin of
-    :class:`~pytest_hud.bridge.engine.BridgeEngine`; see the module docstring)."""
+class _Step(Protocol):
+    """What a failed step reads of its :class:`~pytest_hud.bridge.ticks.TickPlan`."""
 
-    # The engine's state and helpers this mixin uses: declared, not imported, because the engine
-    # imports this module (set by BridgeEngine.__init__, or methods and properties of the engine).
-    slots: list[Slot]
-    width: int
-    in_service: int
-    broken_reason: str
-    max_faults: int
-    notes: list[str]
-    _wave_resetting: bool
-    _end: Callable[..., None]
-    _mark_broken: Callable[[str], None]
+    acting: list[tuple[Slot, str | None, Any]]
+
+
+class FaultRules:
+    """What a sim's exception ends, which envs are rebuilt and which slots retired (see the module
+    docstring), over ``slots`` (the engine's own list, shared)."""
+
+    def __init__(self, slots: list[Slot], max_faults: int = 3) -> None:
+        if max_faults < 1:
+            raise ValueError(f"max_faults must be at least 1, got {max_faults}")
+        self.slots = slots
+        self.max_faults = max_faults
+        self.broken: str | None = None  # the sim's traceback, once it broke the bridge
+        self.notes: list[str] = []  # slots retired, for the bridge's stats (the run's summary)
+
+    @property
+    def broken_reason(self) -> str:
+        """The last line of the sim's traceback (the exception itself), or '' when not broken."""
+        return self.broken.splitlines()[-1] if self.broken else ""
+
+    @property
+    def in_service(self) -> int:
+        """Slots not retired (the bridge's width as it now runs)."""
+        return sum(1 for s in self.slots if not (s.service or "").startswith("retired"))
+
+    def mark_broken(self, traceback: str) -> None:
+        """The bridge is broken by ``traceback`` (the first one is kept)."""
+        if not self.broken:
+            self.broken = traceback.strip()
 
     def reset_failed(self, plan: _Reset, traceback: str) -> tuple[SimFailed, list[tuple[int, SlotFailure]]]:
         """The sim raised during ``plan`` and cannot pin it on a slot: the bridge is broken, the slots
         being bound fail, and so does every LIVE episode at once (none could ever step again).
         Returns the reset's failure and ``(slot index, failure)`` for each LIVE slot ended."""
-        self._mark_broken(traceback)
-        self._wave_resetting = False
+        self.mark_broken(traceback)
         which = ", ".join(map(str, plan.indices))
         cause = f"slot {which}'s reset" if len(plan.indices) == 1 else f"the reset of slots {which}"
         failure = SimFailed(f"sim raised during reset: {self.broken_reason}")
         for s in plan.slots:
             if s.connected:  # per-slot reset at bind; a wave's claimers hear it from reset()
-                self._end(s, str(failure), failure)
-        return failure, self._break_live(cause)
+                s.end(str(failure), failure)
+        return failure, self.break_live(cause)
 
-    def _break_live(self, cause: str) -> list[tuple[int, SlotFailure]]:
+    def step_failed(self, plan: _Step, traceback: str) -> list[tuple[int, SlotFailure]]:
+        """The sim raised during ``plan`` and cannot pin it on a slot: the bridge is broken, every slot
+        that acted fails, and so does every other LIVE one at once (it could never step again)."""
+        self.mark_broken(traceback)
+        # the exception's own line first: it is what a summary line or a report shows
+        why = f"sim raised during step: {self.broken_reason}\n{self.broken}"
+        failed: list[tuple[int, SlotFailure]] = []
+        for s, token, _ in plan.acting:
+            if s.token == token:
+                failure = SimFailed(f"slot {s.index}: {why}")
+                s.end(why, failure)
+                failed.append((s.index, failure))
+        stepped = ", ".join(str(s.index) for s, _, _ in plan.acting) or "none"
+        return failed + self.break_live(f"a step of slots {stepped}")
+
+    def break_live(self, cause: str) -> list[tuple[int, SlotFailure]]:
         """End every LIVE episode of a bridge that ``cause`` broke; returns them, to be told now."""
         ended: list[tuple[int, SlotFailure]] = []
         for s in self.slots:
             if s.state is SlotState.LIVE:
                 failure = BridgeBroken(f"slot {s.index}: bridge broken by {cause}: {self.broken_reason}; "
                                        "the pool replaces it")
-                self._end(s, str(failure), failure)
+                s.end(str(failure), failure)
                 ended.append((s.index, failure))
         return ended
 
@@ -95,7 +126,7 @@ class FaultRules:
                 what = f"slot {i} could not serve this claim" if i in intact else f"slot {i}'s env raised"
                 failure = SimFailed(f"{what} during {stage}: {why}; this episode fails, the "
                                     f"bridge's other slots go on\n{trace.rstrip()}")
-                self._end(slot, str(failure), failure)
+                slot.end(str(failure), failure)
                 failed.append((i, failure))
         return failed
 
@@ -118,7 +149,7 @@ class FaultRules:
     def _retire(self, slot: Slot, why: str) -> None:
         slot.service = f"retired: {why}"
         left = self.in_service
-        self.notes.append(f"slot {slot.index} retired: {why}; the bridge runs on {left} of {self.width} slots")
+        self.notes.append(f"slot {slot.index} retired: {why}; the bridge runs on {left} of {len(self.slots)} slots")
         if not left:
-            self._mark_broken(f"every slot of this bridge was retired: {why}")
+            self.mark_broken(f"every slot of this bridge was retired: {why}")
 

@@ -7,9 +7,9 @@ the engine, runs the sim calls it plans (:mod:`.simcalls`) on the main thread th
 serialised by one gate (:mod:`.simgate`) so a slot's reset can never interleave with a batched
 step, and sends back what the engine answers. The tick writes every acting slot's observation
 itself, and one timer watches all deadlines: the per-step path has one wake-up per tick, not one
-per slot. The control channel's RPC handlers (claims, grades, releases, env rebuilds) are
-:class:`~.control.ControlHandlers`, a mixin of :class:`BridgeServer`, so this module keeps the
-per-step path.
+per slot. The control channel's RPC handlers (claims, grades, releases, env rebuilds) are a
+:class:`~.control.ControlChannel` the server holds (``self.control``); this module keeps the
+per-step path, and answers ``contract`` and ``stats`` itself.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from typing import Any
 
 from pytest_hud.wire.rpc import RpcServer
 from pytest_hud.wire.codec import MAX_FRAME_BYTES, WireError, packb, rows_packer, unpack_action, unpackb
-from pytest_hud.sim.base import VectorSim
+from pytest_hud.sim.base import VectorSim, sim_stats, stepping_hint
+from pytest_hud.sim.threads import default_threads
 from pytest_hud.bridge.closing import close_code, fail
-from pytest_hud.bridge.control import ControlHandlers
+from pytest_hud.bridge.control import ControlChannel
 from pytest_hud.bridge.engine import (
     DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, Timeouts, resolve_tick,
 )
-from pytest_hud.bridge.failures import BadAction, BadClaim, SimFailed, SlotFailure
+from pytest_hud.bridge.exceptions import BadAction, BadClaim, SimFailed, SlotFailure
 from pytest_hud.bridge.simcalls import explain, lane_end, park_step_observe
 from pytest_hud.bridge.simgate import SimGate
 from pytest_hud.bridge.slots import Slot, SlotState
@@ -40,7 +41,9 @@ __all__ = ["BridgeServer", "Timeouts", "close_code"]
 PROTOCOL = "pytest-hud/control/1"
 
 
-class BridgeServer(ControlHandlers):
+class BridgeServer:
+    """One bridge's slot WebSockets, tick and control channel (see the module docstring)."""
+
     def __init__(
         self,
         sim: VectorSim,
@@ -83,10 +86,8 @@ class BridgeServer(ControlHandlers):
         self._held: list[tuple[WsConnection, _Peer]] = []  # reset, first observation held back (start together)
         self._held_timer: asyncio.TimerHandle | None = None
         self.started = time.monotonic()
-        self._wave_gather_s = wave_gather_s
-        self._sim_gate = SimGate(on_free=self._maybe_tick if self.engine.lane_slots else None)
+        self._sim_gate = SimGate(on_free=self._maybe_tick if self.engine.tick_rules.lane_slots else None)
         self._lanes_busy: set[int] = set()  # lanes mode: lanes whose step is under way
-        self._slot_changed = asyncio.Condition()
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
         self._sockets: dict[int, WsConnection] = {}  # slot index -> its agent's socket
         self._handshakes: dict[Handshake, WsConnection] = {}  # sockets that have not claimed yet
@@ -95,19 +96,12 @@ class BridgeServer(ControlHandlers):
         self._tick_task: asyncio.Task | None = None
         self._ticking = False
         self._window: asyncio.TimerHandle | None = None  # ready mode: the armed window's timer
-        self._wave_task: asyncio.Task | None = None
-        self._rebuild_task: asyncio.Task | None = None
+        self.control = ControlChannel(sim, self.engine, self._sim_gate, self._sim_call, self._sockets,
+                                      slot_freed=self._maybe_tick, wave_gather_s=wave_gather_s)
         self.rpc = RpcServer(
-            {
-                "contract": self._rpc_contract,
-                "claim": self._rpc_claim,
-                "reset": self._rpc_claim,  # the call's first name, for clients written to it
-                "result": self._rpc_result,
-                "release": self._rpc_release,
-                "stats": self._rpc_stats,
-            },
+            {"contract": self._rpc_contract, "stats": self._rpc_stats, **self.control.handlers()},
             secret,
-            on_close=self._on_control_close,
+            on_close=self.control.on_control_close,
             hello_info=self._hello_info,
         )
         self.step_s = 0.0  # time in the sim's steps (ticks), and the span of the ticks
@@ -132,6 +126,26 @@ class BridgeServer(ControlHandlers):
 
     async def _sim_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await self._submit(asyncio.get_running_loop(), fn, *args)
+
+    async def _rpc_contract(self, conn: Any) -> dict[str, Any]:
+        return self.contract_dict
+
+    async def _rpc_stats(self, conn: Any) -> dict[str, Any]:
+        engine = self.engine
+        ticks = engine.tick_rules
+        return {
+            "width": engine.width, "pid": os.getpid(), "target": self.target, "build": engine.build_args,
+            "broken": engine.broken, "ticks": ticks.ticks, "env_steps": ticks.env_steps,
+            "slot_steps": ticks.slot_steps, "episodes": engine.episodes,
+            "uptime_s": time.monotonic() - self.started, "slots": engine.snapshot(),
+            "wave": engine.wave, "tick": engine.tick, "start_together": engine.start_together,
+            "starts_held": len(self._held), "vectorization": self.sim.vectorization,
+            "tasks": list(engine.tasks), "sim": sim_stats(self.sim), "step_s": self.step_s,
+            "hint": stepping_hint(self.sim, ticks.ticks, ticks.env_steps, self.step_s,
+                                  self._ticked_until - self._ticked_from, default_threads(engine.width)),
+            "isolates": engine.isolates, "in_service": engine.faults.in_service,
+            "notes": list(engine.faults.notes),
+        }
 
     def _hello_info(self) -> dict[str, Any]:
         return {
@@ -219,7 +233,7 @@ class BridgeServer(ControlHandlers):
     async def _reset_then_start(self, conn: WsConnection, peer: _Peer) -> None:
         try:
             async with self._sim_gate:
-                await self._reset(self.engine.plan_reset([peer.slot]))  # type: ignore[list-item]
+                await self.control.reset(self.engine.plan_reset([peer.slot]))  # type: ignore[list-item]
         except SimFailed as failure:
             peer.binding = False
             self._end_conn(conn, peer, failure)
@@ -288,10 +302,10 @@ class BridgeServer(ControlHandlers):
             self._maybe_tick()
             self._end_conn(conn, peer, failure)
             return
-        if engine.lane_slots:
+        if engine.tick_rules.lane_slots:
             self._tick_lane(engine.lanes[slot.index])  # type: ignore[union-attr, index]
         elif not self._ticking:
-            if engine.ready_to_step(now):
+            if engine.tick_rules.ready_to_step(now):
                 self._tick_start()  # the last slot to act starts the tick itself
             else:
                 self._arm_window()
@@ -330,13 +344,13 @@ class BridgeServer(ControlHandlers):
 
     # ------------------------------------------------------------------ tick
     def _maybe_tick(self) -> None:
-        if self.engine.lane_slots:
-            for lane in self.engine.lane_slots:
+        if self.engine.tick_rules.lane_slots:
+            for lane in self.engine.tick_rules.lane_slots:
                 self._tick_lane(lane)
             return
         if self._ticking:
             return
-        if self.engine.ready_to_step(time.monotonic()):
+        if self.engine.tick_rules.ready_to_step(time.monotonic()):
             self._tick_start()
         else:
             self._arm_window()
@@ -347,7 +361,7 @@ class BridgeServer(ControlHandlers):
             # already armed, for an action that came before any still pending (or one a tick has
             # taken since: it wakes up early, looks, and arms the next window)
             return
-        due = self.engine.tick_due()
+        due = self.engine.tick_rules.tick_due()
         if due is None:
             return
         delay = max(0.0, due - time.monotonic())
@@ -379,7 +393,7 @@ class BridgeServer(ControlHandlers):
 
     def _tick_planned(self) -> None:
         now = time.monotonic()
-        plan = self.engine.plan_tick(now)
+        plan = self.engine.tick_rules.plan_tick(now)
         if plan is None:
             self._sim_gate.release()
             self._ticking = False
@@ -407,16 +421,16 @@ class BridgeServer(ControlHandlers):
             error = RuntimeError("\n".join(result[2].values()))  # said it isolates slots, but cannot
         if error is not None:
             why = explain("".join(traceback.format_exception(error)))
-            self._tell(engine.step_failed(plan, why))
+            self.control.tell(engine.faults.step_failed(plan, why))
             return
         batch, obs, faults = result
         if faults:  # only those slots' episodes fail; the others get their frames as usual
-            self._tell(engine.faulted([(s, token) for s, token, _ in plan.acting], faults, "step", faults.intact))
+            self.control.tell(engine.faults.faulted([(s, token) for s, token, _ in plan.acting], faults, "step", faults.intact))
             plan.acting = [entry for entry in plan.acting if entry[0].index not in faults]
-            self._rebuild_soon()
+            self.control.rebuild_soon()
         # packed before the gate opens: ``obs`` may be the sim's own buffers, which its next call reuses
         sockets = self._sockets
-        for i, frame in self.engine.apply_batch(plan, batch, obs, time.monotonic(), rows_packer):
+        for i, frame in self.engine.tick_rules.apply_batch(plan, batch, obs, time.monotonic(), rows_packer):
             conn = sockets.get(i)
             if conn is not None:
                 conn.send(frame)
@@ -429,7 +443,7 @@ class BridgeServer(ControlHandlers):
     def _tick_lane(self, lane: int) -> None:
         if lane in self._lanes_busy:
             return
-        plan = self.engine.plan_lane(lane)
+        plan = self.engine.tick_rules.plan_lane(lane)
         if plan is None or not self._sim_gate.try_share():
             return
         self._lanes_busy.add(lane)

@@ -1,6 +1,7 @@
 """What one bridge slot is: its state, its claim, its episode's tallies and its grade.
 
-A plain record; every rule about how slots change lives in :mod:`.engine`. Life of a slot::
+A record with the one change every rule shares (:meth:`Slot.end`); the rules about how slots
+change live in :mod:`.engine`, :mod:`.ticks` and :mod:`.faults`. Life of a slot::
 
     FREE --claim(token)--> CLAIMED --agent binds, slot reset--> LIVE --terminated--> DONE
       ^                       |                                   |                  |
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_hud.bridge.failures import SlotFailure
+from pytest_hud.bridge.exceptions import SlotFailure
 from pytest_hud.core.results import EpisodeResult
 
 __all__ = ["Slot", "SlotState"]
@@ -71,6 +72,17 @@ class Slot:
         self.success = self.success_at_reset = self.terminated = self.truncated = False
         self.error, self.failure, self.pending_action, self.connected = None, None, None, False
         self.deadline, self.awaiting = None, "first action"
+
+    def end(self, error: str | None, failure: SlotFailure | None = None) -> None:
+        """The episode is over (DONE, if it was CLAIMED or LIVE): ``error`` (None: an agent that
+        stopped cleanly) and ``failure`` are kept if it has none yet; nothing more is awaited."""
+        if self.state is SlotState.LIVE or self.state is SlotState.CLAIMED:
+            self.state = SlotState.DONE
+        if error and not self.error:
+            self.error = error
+            if self.failure is None:
+                self.failure = failure
+        self.pending_action = self.deadline = None
 
     def result(self) -> EpisodeResult:
         """The episode's grade (what ``result(token)`` returns, as :meth:`EpisodeResult.to_dict`)."""

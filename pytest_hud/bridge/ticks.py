@@ -1,8 +1,9 @@
 """The bridge's tick rules without I/O: the tick mode, when to step, what a step steps, what it returns.
 
-:class:`TickRules` is the tick half of :class:`~pytest_hud.bridge.engine.BridgeEngine`, a mixin with
-no state of its own: the engine is still one pure class, read and unit-tested as one, while its
-tick rules are read here, apart from claims (:mod:`.engine`) and faults (:mod:`.faults`).
+:class:`TickRules` holds the tick mode and its settings (hold, window, lanes, the step timeout)
+and the tick counters; the engine (:class:`~pytest_hud.bridge.engine.BridgeEngine`) holds one,
+sharing its slots and its :class:`~.faults.FaultRules` (whether the bridge is broken) with it.
+Claims and binding are the engine's (:mod:`.engine`); what a sim's exception does is :mod:`.faults`.
 
 Tick rules (DESIGN §6). A bridge ticks in one of three modes (:func:`resolve_tick` picks it):
 
@@ -37,11 +38,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from pytest_hud.bridge.failures import SimFailed, SlotFailure
+from pytest_hud.bridge.faults import FaultRules
 from pytest_hud.bridge.slots import Slot, SlotState
 
 __all__ = ["DEFAULT_TICK_WINDOW", "TICK_MODES", "TickPlan", "TickRules", "resolve_tick"]
@@ -108,36 +109,29 @@ class TickPlan:
     started: float = 0.0  # lanes mode: when the bridge began the step
 
 
-class _StepClock(Protocol):
-    """What the tick reads of the engine's :class:`~pytest_hud.bridge.engine.Timeouts`."""
-
-    step: float
-
-
 class TickRules:
-    """When a bridge steps, which slots a step takes and what it hands back to them (a mixin of
-    :class:`~pytest_hud.bridge.engine.BridgeEngine`; see the module docstring)."""
+    """When a bridge steps, which slots a step takes and what it hands back to them (see the
+    module docstring). ``slots`` and ``faults`` are the engine's, shared; ``mode`` is a resolved
+    tick mode (lockstep, ready or lanes: :func:`resolve_tick`), ``lanes`` each slot's lane."""
 
-    # The engine's state and helpers this mixin uses: declared, not imported, because the engine
-    # imports this module (set by BridgeEngine.__init__, or methods of the engine and FaultRules).
-    slots: list[Slot]
-    lane_slots: dict[int, list[Slot]]
-    broken: str | None
-    broken_reason: str
-    wave: bool
-    hold: str
-    isolates: bool
-    tick_window: float
-    timeouts: _StepClock
-    ticks: int
-    slot_steps: int
-    env_steps: int
-    _ready: bool
-    _hold_action: np.ndarray
-    _batch_shape: tuple[int, ...]
-    _end: Callable[..., None]
-    _mark_broken: Callable[[str], None]
-    _break_live: Callable[[str], list[tuple[int, SlotFailure]]]
+    def __init__(self, slots: list[Slot], faults: FaultRules, hold_action: Any, *, mode: str = "lockstep",
+                 hold: str = "zeros", wave: bool = False, isolates: bool = False,
+                 tick_window: float = DEFAULT_TICK_WINDOW, step_timeout: float = 30.0,
+                 lanes: tuple[int, ...] | None = None) -> None:
+        self.slots = slots
+        self.faults = faults
+        self.mode, self.hold, self.wave, self.isolates = mode, hold, wave, isolates
+        self.tick_window = float(tick_window)
+        self.step_timeout = step_timeout  # a LIVE slot's deadline for its next action, from a step
+        self._ready = mode == "ready"
+        self.hold_action = np.asarray(hold_action)
+        self._batch_shape = (len(slots),) + self.hold_action.shape
+        #: lanes mode: each lane's slots, in slot order
+        self.lane_slots: dict[int, list[Slot]] = {}
+        if mode == "lanes":
+            for slot in slots:
+                self.lane_slots.setdefault(lanes[slot.index], []).append(slot)  # type: ignore[index]
+        self.ticks = self.slot_steps = self.env_steps = 0  # steps, slots stepped for agents, envs stepped
 
     def ready_to_step(self, now: float = math.inf) -> bool:
         """Whether to step at ``now``: every live slot has sent its action (and one slot is live), or,
@@ -169,11 +163,11 @@ class TickRules:
 
     def plan_tick(self, now: float = math.inf) -> TickPlan | None:
         """The next batched step, or None when the rules say not to step at ``now``."""
-        if self.broken or not self.ready_to_step(now):
+        if self.faults.broken or not self.ready_to_step(now):
             return None
         if self.wave and any(s.state is SlotState.CLAIMED for s in self.slots):
             return None  # a reset slot whose agent has not bound yet must not be stepped
-        actions = np.empty(self._batch_shape, self._hold_action.dtype)
+        actions = np.empty(self._batch_shape, self.hold_action.dtype)
         park, acting = [], []
         if self._ready:  # only the slots whose actions are in; the others are not stepped at all
             mask = np.zeros(len(self.slots), bool)
@@ -183,7 +177,7 @@ class TickRules:
                     acting.append((s, s.token, s.pending_action))
                     mask[s.index] = True
                 else:
-                    actions[s.index] = self._hold_action  # keeps the batch well-formed; not stepped
+                    actions[s.index] = self.hold_action  # keeps the batch well-formed; not stepped
             return TickPlan(actions, park, acting, mask)
         repeat = self.hold == "repeat"
         # a slot out of service (its env raised) is neither parked nor stepped: only the others are
@@ -202,13 +196,13 @@ class TickRules:
             elif repeat and s.last_action is not None:
                 actions[s.index] = s.last_action
             else:
-                actions[s.index] = self._hold_action
+                actions[s.index] = self.hold_action
         return TickPlan(actions, park, acting, mask)
 
     def plan_lane(self, lane: int) -> TickPlan | None:
         """Lanes mode: the step of ``lane``'s LIVE slots once every one of them has acted, else None.
         The caller keeps a lane from being planned again while its step is under way."""
-        if self.broken:
+        if self.faults.broken:
             return None
         live, acting = SlotState.LIVE, []
         for s in self.lane_slots[lane]:
@@ -218,8 +212,8 @@ class TickRules:
                 acting.append((s, s.token, s.pending_action))
         if not acting:
             return None
-        actions = np.empty(self._batch_shape, self._hold_action.dtype)
-        actions[...] = self._hold_action  # keeps the batch well-formed; only ``mask`` is stepped
+        actions = np.empty(self._batch_shape, self.hold_action.dtype)
+        actions[...] = self.hold_action  # keeps the batch well-formed; only ``mask`` is stepped
         mask = np.zeros(len(self.slots), bool)
         for s, _, action in acting:
             actions[s.index] = action
@@ -253,7 +247,7 @@ class TickRules:
         score = None if batch.score is None else np.asarray(batch.score, np.float64).tolist()
         ended_l, terminated, truncated_l = ended.tolist(), np.asarray(batch.terminated).tolist(), \
             np.asarray(batch.truncated).tolist()
-        deadline = now + self.timeouts.step
+        deadline = now + self.step_timeout
         frame = (pack or _rows)(obs)
         frames = []
         for s, token, action in plan.acting:
@@ -276,21 +270,6 @@ class TickRules:
                 s.deadline, s.awaiting = deadline, "action"
             frames.append((i, frame(i, reward, done, truncated, s.success)))
         return frames
-
-    def step_failed(self, plan: TickPlan, traceback: str) -> list[tuple[int, SlotFailure]]:
-        """The sim raised during ``plan`` and cannot pin it on a slot: the bridge is broken, every slot
-        that acted fails, and so does every other LIVE one at once (it could never step again)."""
-        self._mark_broken(traceback)
-        # the exception's own line first: it is what a summary line or a report shows
-        why = f"sim raised during step: {self.broken_reason}\n{self.broken}"
-        failed: list[tuple[int, SlotFailure]] = []
-        for s, token, _ in plan.acting:
-            if s.token == token:
-                failure = SimFailed(f"slot {s.index}: {why}")
-                self._end(s, why, failure)
-                failed.append((s.index, failure))
-        stepped = ", ".join(str(s.index) for s, _, _ in plan.acting) or "none"
-        return failed + self._break_live(f"a step of slots {stepped}")
 
 
 def _rows(obs: dict[str, np.ndarray]) -> Callable[[int, float, bool, bool, bool], dict[str, Any]]:

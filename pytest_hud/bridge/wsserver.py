@@ -1,17 +1,18 @@
-"""The bridge's slot WebSocket server: an asyncio protocol on :mod:`pytest_hud.wire.wsstate`, with callbacks.
+"""The bridge's slot WebSocket server: an asyncio protocol around websockets' sans-I/O ``ServerProtocol``.
 
-A message is handed to the bridge from ``data_received``, in the same loop iteration that read it:
-no task wakes up per message, and a reply is written straight to the transport. The handler gets
+websockets decides what the bytes mean (the upgrade, frames, pings, the closing handshake, protocol
+errors and their close codes); this module is its I/O and hands the bridge each message from
+``data_received``, in the loop iteration that read it: no task wakes up per message, and a reply is
+written straight to the transport. The handler gets
 
 - ``ws_open(conn)`` once the upgrade succeeded,
-- ``ws_message(conn, data)`` per message (``bytes``, or ``str`` for a text frame),
+- ``ws_message(conn, data)`` per message (``bytes``, or ``str`` for a text frame), until either
+  side starts the closing handshake,
 - ``ws_closed(conn)`` once, when the connection is gone (``conn.close_rcvd`` is the peer's close
   code, if it sent one).
 
-The connection's state machine is a server :class:`~pytest_hud.wire.wsstate.WsState`, the one a
-worker's blocking client runs too: pings answered, a peer's close echoed, a protocol violation
-closing with its code, by the same rules on both ends. This module is its I/O: the transport,
-the open and close timers, the registry of connections and the handler's callbacks.
+No extension is offered (a client asking for permessage-deflate gets none), and the server sends no
+pings: ticks may legitimately pause for minutes while a model warms up.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ import socket
 import sys
 from typing import Any, Protocol
 
-from pytest_hud.wire.websocket import OP_BINARY, OP_TEXT, HandshakeError, frame_header
-from pytest_hud.wire.wsstate import CLOSED, CLOSING, CONNECTING, OPEN, WsState
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
+from websockets.protocol import State
+from websockets.server import ServerProtocol
 
-__all__ = ["CLOSED", "CLOSING", "CONNECTING", "OPEN", "WsConnection", "WsHandler", "serve_ws"]
+__all__ = ["WsConnection", "WsHandler", "WsServer", "serve_ws"]
 
 _ids = itertools.count(1)
+_TEXT, _BINARY, _CONT = Opcode.TEXT, Opcode.BINARY, Opcode.CONT
+_OPEN = State.OPEN
 
 
 class WsHandler(Protocol):
@@ -39,28 +44,32 @@ class WsHandler(Protocol):
 
 
 class WsConnection(asyncio.Protocol):
-    """One server-side WebSocket connection. ``state`` is CONNECTING, OPEN, CLOSING or CLOSED."""
+    """One server-side WebSocket connection; ``protocol`` is its websockets ``ServerProtocol``."""
 
     def __init__(self, handler: WsHandler, max_size: int, close_timeout: float = 2.0,
                  connections: set[WsConnection] | None = None, open_timeout: float = 10.0) -> None:
         self.id = next(_ids)
         self.handler = handler
-        self.ws = WsState(max_size, client=False)
+        self.protocol = ServerProtocol(max_size=max_size)
         self.close_timeout = close_timeout
-        self.transport: asyncio.Transport | None = None
-        self._closer: asyncio.TimerHandle | None = None
         self.open_timeout = open_timeout
-        self._connections = connections
+        self.transport: asyncio.Transport | None = None
         self.data: Any = None  # the handler's per-connection state
+        self._connections = connections
+        self._timer: asyncio.TimerHandle | None = None  # the open timeout, then the close timeout
+        self._opened = False  # the upgrade succeeded: ws_closed is owed
+        self._closing = False  # this side started the closing handshake: no message is handed out
+        self._parts: list[bytes] = []  # a fragmented message's frames so far
+        self._part_text = False
 
     @property
-    def state(self) -> int:
-        return self.ws.state
+    def state(self) -> State:
+        return self.protocol.state
 
     @property
     def close_rcvd(self) -> int | None:
         """The close code the peer sent (1005: a close frame without one), if it sent one."""
-        rcvd = self.ws.rcvd
+        rcvd = self.protocol.close_rcvd
         return None if rcvd is None else rcvd.code
 
     # ------------------------------------------------------------- asyncio.Protocol
@@ -69,67 +78,101 @@ class WsConnection(asyncio.Protocol):
         if self._connections is not None:
             self._connections.add(self)
         # a socket that never completes its upgrade request is dropped, like websockets' open_timeout
-        self._closer = asyncio.get_running_loop().call_later(self.open_timeout, self._open_expired)
+        self._timer = asyncio.get_running_loop().call_later(self.open_timeout, self._open_expired)
 
     def _open_expired(self) -> None:
-        if self.ws.state == CONNECTING:
+        if not self._opened:
             self.abort()
 
     def data_received(self, data: bytes) -> None:
-        ws = self.ws
-        if ws.state == CONNECTING:
-            data = self._upgrade(data)
-            if not data:
+        protocol = self.protocol
+        protocol.receive_data(data)
+        events = protocol.events_received()
+        if not self._opened:
+            if not self._upgrade(events):
                 return
-        message = ws.receive(data)  # the hot path: one whole frame (an action, most often)
-        if ws.out:  # pongs, a close echoed or failed, the end of TCP
+            events = events[1:]
+        for event in events:
+            # messages before the peer's close frame are handed out; none after this side's close
+            if self._closing or not isinstance(event, Frame):
+                continue
+            opcode = event.opcode
+            if opcode is _BINARY or opcode is _TEXT:
+                if event.fin:  # the common case: one frame, one message (an action)
+                    self._message(event.data, opcode is _TEXT)
+                else:
+                    self._parts, self._part_text = [event.data], opcode is _TEXT
+            elif opcode is _CONT:
+                self._parts.append(event.data)
+                if event.fin:
+                    parts, self._parts = self._parts, []
+                    self._message(b"".join(parts), self._part_text)
+        self._flush()  # pongs, a close echoed or failed, the end of TCP
+
+    def _message(self, payload: bytes, text: bool) -> None:
+        if not text:
+            self.handler.ws_message(self, payload)
+            return
+        try:
+            message = payload.decode()
+        except UnicodeDecodeError:
+            self.protocol.fail(1007, "text message is not valid UTF-8")
+            self._closing = True
+            return
+        self.handler.ws_message(self, message)
+
+    def _upgrade(self, events: list) -> bool:
+        """The upgrade request answered once it is all there; whether the connection is open."""
+        protocol = self.protocol
+        if not events:  # not all there yet, or malformed (websockets then queued the end of TCP)
             self._flush()
-        while message is not None:
-            self.handler.ws_message(self, message)
-            if not ws.pending:
-                return
-            message = ws.next()  # the next frame only now: the handler may have closed meanwhile
-            if ws.out:
-                self._flush()
+            return False
+        request: Request = events[0]
+        protocol.send_response(protocol.accept(request))  # 101, or a refusal (426 for plain HTTP)
+        self._flush()
+        if protocol.state is not _OPEN:
+            return False
+        self._cancel_timer()
+        self._opened = True
+        self.handler.ws_open(self)
+        return True
 
     def eof_received(self) -> bool | None:
+        self.protocol.receive_eof()
+        self._flush()
         return None  # asyncio closes the transport; connection_lost follows
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        was_open = self.ws.lost()
-        if self._closer is not None:
-            self._closer.cancel()
-            self._closer = None
+        self._cancel_timer()
         if self._connections is not None:
             self._connections.discard(self)
-        if was_open:
+        if self._opened:
+            self._opened = False
+            self._closing = True
             self.handler.ws_closed(self)
 
     # -------------------------------------------------------------------- sending
     def send(self, data: bytes | str) -> None:
         """Write one message now (binary for ``bytes``, text for ``str``); nothing once closing."""
-        ws = self.ws
-        if ws.state != OPEN:
+        protocol = self.protocol
+        if protocol.state is not _OPEN or self._closing:
             return
         if isinstance(data, str):
-            payload, opcode = data.encode(), OP_TEXT
+            protocol.send_text(data.encode())
         else:
-            payload, opcode = data, OP_BINARY
-        if len(payload) < 4096:
-            self.transport.write(ws.frame(payload, opcode))  # type: ignore[union-attr]
-        else:  # a server's frames are not masked: no copy of a large payload to prepend the header
-            transport = self.transport
-            transport.writelines((frame_header(opcode, len(payload)), payload))  # type: ignore[union-attr]
+            protocol.send_binary(data)
+        self.transport.writelines(protocol.data_to_send())  # type: ignore[union-attr]
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Start the closing handshake; the transport closes when the peer answers (or after
         ``close_timeout``)."""
-        if self.ws.state == CONNECTING:
+        if not self._opened:
             self.abort()
             return
-        if self.ws.close(code, reason):
+        if self.protocol.state is _OPEN:
+            self._closing = True
+            self.protocol.send_close(code, reason)
             self._flush()
-            self._arm_closer()
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -137,49 +180,29 @@ class WsConnection(asyncio.Protocol):
 
     # -------------------------------------------------------------------- internals
     def _flush(self) -> None:
-        """Write what the state machine queued; end TCP where it says so."""
-        ws = self.ws
-        data = ws.take()
-        if data:
-            self.transport.write(data)  # type: ignore[union-attr]
-        if ws.eof:
-            self._end()
-
-    def _end(self) -> None:
-        """The server ends TCP (RFC 6455 §7.1.1): at once after the closing handshake or a refused
-        upgrade; after a protocol error by EOF only, the peer's remaining bytes (a frame over the
-        size limit, say) read and dropped until it closes, or ``close_timeout`` runs out."""
+        """Write what websockets queued; its empty item ends TCP (RFC 6455 §7.1.1: the server
+        does, after the closing handshake, a failure or a refused upgrade); once a close is under
+        way the peer has ``close_timeout`` to finish it."""
+        protocol = self.protocol
         transport = self.transport
-        if not self.ws.failed:
-            transport.close()  # type: ignore[union-attr]
-            return
-        self._arm_closer()
-        try:
-            if transport.can_write_eof():  # type: ignore[union-attr]
-                transport.write_eof()  # type: ignore[union-attr]
-        except (OSError, RuntimeError):
-            self.abort()
+        for data in protocol.data_to_send():
+            if data:
+                transport.write(data)  # type: ignore[union-attr]
+            elif protocol.close_rcvd is not None and protocol.parser_exc is None:
+                transport.close()  # type: ignore[union-attr]  # the closing handshake is over
+            else:  # a failure or a refusal: EOF only, the peer's bytes read and dropped until it
+                # closes (or close_timeout), so that our close frame or answer is not lost to a reset
+                try:
+                    transport.write_eof()  # type: ignore[union-attr]
+                except (OSError, RuntimeError):
+                    self.abort()
+        if protocol.close_expected() and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.close_timeout, self.abort)
 
-    def _arm_closer(self) -> None:
-        if self._closer is None:
-            self._closer = asyncio.get_running_loop().call_later(self.close_timeout, self.abort)
-
-    def _upgrade(self, data: bytes) -> bytes:
-        """The upgrade request, answered once complete; returns the bytes that follow it (frames)."""
-        ws = self.ws
-        try:
-            rest = ws.receive_head(data)
-        except HandshakeError:
-            self._flush()  # the refusal, then the end of the connection
-            return b""
-        if rest is None:
-            return b""
-        self._flush()  # the 101
-        if self._closer is not None:
-            self._closer.cancel()
-            self._closer = None
-        self.handler.ws_open(self)
-        return rest
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class WsServer:

@@ -4,8 +4,9 @@ One bridge serves one (sim target, build args) for ``width`` workers: worker ``i
 group ``(i mod n) // width``. A bridge that died or reports itself broken is replaced when a worker
 says so (``replace_pid``); its in-flight episodes were already errors.
 
-:class:`Bridges` is the bridge half of :class:`~pytest_hud.controller.pool.SimPool`, which holds the
-state and the helpers both halves share (its locks, ``_once``, ``_launch``).
+:class:`Bridges` holds the pool's bridges (live and retired) and the notes they gave; it starts
+them through the run's :class:`~pytest_hud.controller.services.ServiceStarter`, which the policy
+servers share. :class:`~pytest_hud.controller.pool.SimPool` holds one.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_hud.client.bridge import BridgeAddress
-from pytest_hud.launch.launcher import LaunchError, Service
+from pytest_hud.controller.services import PoolError, ServiceStarter
+from pytest_hud.launch.launcher import Service
 
 __all__ = ["PoolError", "BridgeSpec", "Bridges"]
-
-PoolError = LaunchError  # a bridge could not be started (the message carries the tail of its log)
 
 
 def _label(key: tuple[str, str, int]) -> str:
@@ -60,20 +60,22 @@ class _Bridge:
 
 
 class Bridges:
-    """The bridges of a :class:`~pytest_hud.controller.pool.SimPool` (mixed into it): routing,
-    spawning, retiring, and what the live bridges say."""
+    """The bridges of a run (see the module docstring): routing, spawning, retiring, and what the
+    live bridges say. ``workers``: the run's xdist workers; ``attach``: a bridge this run did not
+    start, which every worker uses."""
 
-    # The state this half uses, set by SimPool.__init__ (some of it shared with the policy servers).
-    spec: BridgeSpec
-    workers: int
-    attach: BridgeAddress | None
-    closed: bool
-    notes: dict[str, None]
-    _lock: threading.Lock
-    _key_locks: dict[tuple, threading.Lock]
-    _bridges: dict[tuple, _Bridge]
-    _retired: list[_Bridge]
-    _bridge_prestarts: set[tuple[str, str, int]]
+    def __init__(self, starter: ServiceStarter, spec: BridgeSpec, workers: int = 1,
+                 attach: BridgeAddress | None = None) -> None:
+        self.starter = starter
+        self.spec = spec
+        self.workers = max(1, workers)
+        self.attach = attach
+        self._lock = threading.Lock()  # guards the maps below
+        self._bridges: dict[tuple, _Bridge] = {}
+        self._retired: list[_Bridge] = []
+        self._prestarts: set[tuple[str, str, int]] = set()  # bridges prestart_bridge started
+        #: What the run should be told about its bridges (a --hud-vectorization that did not apply), once each
+        self.notes: dict[str, None] = {}
 
     # ---------------------------------------------------------------- routing
     def group_of(self, worker: int) -> int:
@@ -90,11 +92,7 @@ class Bridges:
         if self.attach is not None:
             return self.attach
         key = self._bridge_key(target, build, worker)
-        with self._lock:
-            if self.closed:
-                raise PoolError("the run is shutting down")
-            key_lock = self._key_locks.setdefault(key, threading.Lock())
-        with key_lock:
+        with self.starter.key_lock(key):
             current = self._bridges.get(key)
             if current is not None and replace_pid is not None and current.address.pid == replace_pid:
                 self._retire(current)
@@ -103,7 +101,7 @@ class Bridges:
                 self._retire(current)  # died on its own: replace it
                 current = None
             if current is None:
-                current = self._once(key, lambda: self._spawn(key, target, build or {}))
+                current = self.starter.once(key, lambda: self._spawn(key, target, build or {}))
                 with self._lock:
                     self._bridges[key] = current
             return current.address
@@ -115,12 +113,12 @@ class Bridges:
         """Start the bridge :meth:`bridge_for` would give ``worker`` now, on a thread of its own, so
         that it boots while the workers still collect (xdist hands out the first test only once every
         worker has). A worker that asks meanwhile waits for this same bridge; a failure to start
-        reaches the worker when it asks (:meth:`_once`). Once per bridge; True if started."""
+        reaches the worker when it asks (:meth:`ServiceStarter.once`). Once per bridge; True if started."""
         key = self._bridge_key(target, build, worker)
         with self._lock:
-            if self.attach is not None or self.closed or key in self._bridge_prestarts:
+            if self.attach is not None or self.starter.closed or key in self._prestarts:
                 return False
-            self._bridge_prestarts.add(key)
+            self._prestarts.add(key)
 
         def start() -> None:
             with contextlib.suppress(Exception):  # reported to the worker that asks (or started again)
@@ -147,7 +145,7 @@ class Bridges:
             "--first-action-timeout", str(spec.first_action_timeout),
             "--step-timeout", str(spec.step_timeout),
         ]
-        service = self._launch(cmd, f"bridge for {target!r}", "bridge")
+        service = self.starter.launch(cmd, f"bridge for {target!r}", "bridge")
         for field_ in ("vectorization_note", "vectorization_auto"):
             note = service.announce.get(field_)
             if note:
@@ -160,6 +158,11 @@ class Bridges:
         with self._lock:
             self._bridges.pop(bridge.key, None)
             self._retired.append(bridge)
+
+    def forget(self) -> None:
+        """The run is over: no bridge is handed out any more (the starter stops them)."""
+        with self._lock:
+            self._bridges.clear()
 
     # ------------------------------------------------------------------ views
     def bridges(self) -> list[dict[str, Any]]:

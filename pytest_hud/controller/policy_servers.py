@@ -1,9 +1,9 @@
 """The pool's policy servers: one per (policy, contract, replica), started on first request or
 before it (prestarted, or a warm standby interpreter), so that their imports overlap the sims' boot.
 
-:class:`PolicyServers` is the policy-server half of :class:`~pytest_hud.controller.pool.SimPool`,
-which holds the state and the helpers both halves share (its locks, ``_once``, ``_launch``,
-``workdir``).
+:class:`PolicyServers` holds the run's policy servers (started, and prestarted waiting for their
+contract); it starts them through the run's :class:`~pytest_hud.controller.services.ServiceStarter`,
+which the bridges share. :class:`~pytest_hud.controller.pool.SimPool` holds one.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hud.client.bridge import BridgeAddress
-from pytest_hud.controller.bridges import BridgeSpec, PoolError
-from pytest_hud.launch.launcher import ExitedWhileStarting, Launcher, LaunchError, LocalLauncher, Service
+from pytest_hud.controller.bridges import BridgeSpec
+from pytest_hud.controller.services import ServiceStarter
+from pytest_hud.launch.launcher import ExitedWhileStarting, LaunchError, LocalLauncher, Service
 
 __all__ = ["PolicyServers", "SERVER_MODULE"]
 
@@ -36,20 +37,21 @@ class _Prestart:
 
 
 class PolicyServers:
-    """The policy servers of a :class:`~pytest_hud.controller.pool.SimPool` (mixed into it): start
-    them (now, ahead of their contract, or from a warm standby) and hand each worker its replica's."""
+    """The policy servers of a run (see the module docstring): start them (now, ahead of their
+    contract, or from a warm standby) and hand each worker its replica's. ``spec``: the bridges'
+    spec (host, vectorization and width say how many cores a server gets); ``attach``: a bridge
+    this run did not start (then no core count is assumed)."""
 
-    # The state this half uses, set by SimPool.__init__ (some of it shared with the bridges).
-    spec: BridgeSpec
-    attach: BridgeAddress | None
-    launcher: Launcher
-    policy_replicas: int
-    closed: bool
-    _lock: threading.Lock
-    _key_locks: dict[tuple, threading.Lock]
-    _servers: dict[tuple, tuple[Service, dict[str, Any]]]
-    _prestarts: dict[tuple[str, int], _Prestart]
-    _prestarted: int
+    def __init__(self, starter: ServiceStarter, spec: BridgeSpec, attach: BridgeAddress | None = None,
+                 replicas: int = 1) -> None:
+        self.starter = starter
+        self.spec = spec
+        self.attach = attach
+        self.policy_replicas = max(1, replicas)
+        self._lock = threading.Lock()  # guards the maps below
+        self._servers: dict[tuple, tuple[Service, dict[str, Any]]] = {}
+        self._prestarts: dict[tuple[str, int], _Prestart] = {}  # (spec, replica) -> a server awaiting its contract
+        self._prestarted = 0
 
     def prestart_policy_server(self, spec: str, worker: int = 0) -> bool:
         """Start ``spec``'s policy server for ``worker``'s replica now, before any worker has a contract.
@@ -60,12 +62,12 @@ class PolicyServers:
         one waiting server per (spec, replica); True if one was started. A server that no worker
         asks for waits, idle, until the run ends.
         """
-        if not getattr(self.launcher, "prestarts", False):
+        if not getattr(self.starter.launcher, "prestarts", False):
             return False
         replica = worker % self.policy_replicas
-        workdir = self.workdir
+        workdir = self.starter.workdir
         with self._lock:
-            if self.closed or (spec, replica) in self._prestarts or any(
+            if self.starter.closed or (spec, replica) in self._prestarts or any(
                     key[1] == spec and key[3] == replica for key in self._servers):
                 return False
             self._prestarted += 1
@@ -74,7 +76,7 @@ class PolicyServers:
 
         def start() -> None:
             try:
-                pending.service = self._launch(
+                pending.service = self.starter.launch(
                     [*self._server_cmd(spec), "--contract-wait", str(pending.contract_path)],
                     f"policy server for {spec!r}", "policy", clock=pending.delivered)
             except BaseException as exc:  # noqa: BLE001 - handed to the worker that takes this server
@@ -107,7 +109,8 @@ class PolicyServers:
         ACT suite, 24 episodes on 8 workers: 4.4-4.7 s on one thread or two). Not set where
         ``OMP_NUM_THREADS`` says, or where bridges and servers are not started on this machine.
         """
-        if "OMP_NUM_THREADS" in os.environ or self.attach is not None or not isinstance(self.launcher, LocalLauncher):
+        if "OMP_NUM_THREADS" in os.environ or self.attach is not None or \
+                not isinstance(self.starter.launcher, LocalLauncher):
             return None
         if self.spec.vectorization not in ("auto", "processes"):
             return None
@@ -121,8 +124,8 @@ class PolicyServers:
         """Start a standby interpreter that imports torch and LeRobot's policy code now and becomes
         the next policy server this pool starts, whatever its policy (launchers that can:
         :meth:`pytest_hud.launch.launcher.LocalLauncher.warm`). True if one started."""
-        warm = getattr(self.launcher, "warm", None)
-        if warm is None or self.closed:
+        warm = getattr(self.starter.launcher, "warm", None)
+        if warm is None or self.starter.closed:
             return False
         return bool(warm("policy", SERVER_MODULE, "pytest_hud.agent.lerobot:preload"))
 
@@ -149,21 +152,18 @@ class PolicyServers:
         """
         replica = worker % self.policy_replicas
         key = ("policy", spec, json.dumps(contract or {}, sort_keys=True), replica)
-        with self._lock:
-            if self.closed:
-                raise PoolError("the run is shutting down")
-            key_lock = self._key_locks.setdefault(key, threading.Lock())
-        with key_lock:
+        with self.starter.key_lock(key):
             known = self._servers.get(key)
             if known is not None and known[0].poll() is None:
                 return known[1]
-            service = self._once(key, lambda: self._start_policy_server(spec, replica, contract))
+            service = self.starter.once(key, lambda: self._start_policy_server(spec, replica, contract))
             data = service.announce
             url = data.get("url") or f"ws://{data.get('host', self.spec.host)}:{data['ws']}"
             reply = {"url": url, "node": service.node, "host": data.get("host"), "replica": replica}
             if data.get("key"):
                 reply["key"] = data["key"]  # a server this run did not start: its own key, not the secret
-            self._servers[key] = (service, reply)
+            with self._lock:
+                self._servers[key] = (service, reply)
             return reply
 
     def _start_policy_server(self, spec: str, replica: int, contract: dict[str, Any] | None) -> Service:
@@ -181,4 +181,9 @@ class PolicyServers:
         if contract:
             files = {"contract.json": json.dumps(contract)}
             cmd += ["--contract", "{dir}/contract.json"]
-        return self._launch(cmd, f"policy server for {spec!r}", "policy", files)
+        return self.starter.launch(cmd, f"policy server for {spec!r}", "policy", files)
+
+    def forget(self) -> None:
+        """The run is over: no server is handed out any more (the starter stops them)."""
+        with self._lock:
+            self._servers.clear()

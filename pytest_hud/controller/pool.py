@@ -1,10 +1,12 @@
 """The controller's sim pool: owns every bridge and policy server of a run, and starts and stops them.
 
 The pool lives in the pytest controller (or the single process under ``-n 0``); workers reach it
-through its loopback service (:mod:`pytest_hud.controller.pool_service`). :class:`SimPool` joins its
-bridges (:mod:`pytest_hud.controller.bridges`: spawn on demand, route, replace) and its policy
-servers (:mod:`pytest_hud.controller.policy_servers`), and holds what they share: the locks, the
-work dir, how a service is launched and with which import paths, and the stop.
+through its loopback service (:mod:`pytest_hud.controller.pool_service`). :class:`SimPool` holds
+three objects and is the face the controller and the service call: the run's
+:class:`~pytest_hud.controller.services.ServiceStarter` (how a service is launched, the work dir,
+the stop), its :class:`~pytest_hud.controller.bridges.Bridges` (spawn on demand, route, replace)
+and its :class:`~pytest_hud.controller.policy_servers.PolicyServers`, which both start through
+the starter.
 
 *Where* a bridge or policy server runs is the launcher's business (:mod:`pytest_hud.launch.launcher`): a
 local child by default, a process on a Ray node (``--hud-ray``), or an already-running endpoint.
@@ -12,106 +14,92 @@ local child by default, a process on a Ray node (``--hud-ray``), or an already-r
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pytest_hud.client.bridge import BridgeAddress
-from pytest_hud.controller.bridges import Bridges, BridgeSpec, PoolError, _Bridge
-from pytest_hud.controller.policy_servers import PolicyServers, _Prestart
-from pytest_hud.launch.launcher import ExitedWhileStarting, Launcher, LaunchError, LocalLauncher, Service
+from pytest_hud.controller.bridges import Bridges, BridgeSpec
+from pytest_hud.controller.policy_servers import PolicyServers
+from pytest_hud.controller.services import SECRET_ENV, PoolError, ServiceStarter
+from pytest_hud.launch.launcher import Launcher
 
-__all__ = ["PoolError", "BridgeSpec", "SimPool"]
-
-SECRET_ENV = "PYTEST_HUD_SECRET"
+__all__ = ["PoolError", "BridgeSpec", "SECRET_ENV", "SimPool"]
 
 
-class SimPool(Bridges, PolicyServers):
-    """Owns every bridge process of a run. Thread-safe; spawning blocks only the asking caller."""
+class SimPool:
+    """Owns every bridge and policy server of a run. Thread-safe; spawning blocks only the asking caller."""
 
     def __init__(self, secret: str, spec: BridgeSpec, workers: int = 1,
                  attach: BridgeAddress | None = None, launcher: Launcher | None = None,
                  policy_replicas: int = 1) -> None:
         self.secret = secret
         self.spec = spec
-        self.workers = max(1, workers)
-        self.attach = attach
-        self.launcher: Launcher = launcher or LocalLauncher(lambda: self.workdir, spec.host, spec.cwd)
-        self.policy_replicas = max(1, policy_replicas)
-        self._workdir: Path | None = None  # made on the first spawn: a run that starts nothing leaves nothing
-        self._lock = threading.Lock()
-        self._key_locks: dict[tuple, threading.Lock] = {}
-        self._bridges: dict[tuple, _Bridge] = {}
-        self._retired: list[_Bridge] = []
-        self._servers: dict[tuple, tuple[Service, dict[str, Any]]] = {}
-        self._prestarts: dict[tuple[str, int], _Prestart] = {}  # (spec, replica) -> a server awaiting its contract
-        self._prestarted = 0
-        self._bridge_prestarts: set[tuple[str, str, int]] = set()  # bridges prestart_bridge started
-        #: What the run should be told about its bridges (a --hud-vectorization that did not apply), once each
-        self.notes: dict[str, None] = {}
-        self._worker_paths: dict[str, None] = {}  # the workers' project import paths (add_python_path)
-        self._start_failures: dict[tuple, str] = {}  # services that exited while starting: not started again
-        self.closed = False
+        self.starter = ServiceStarter(secret, host=spec.host, cwd=spec.cwd, python_path=spec.python_path,
+                                      boot_timeout=spec.boot_timeout, launcher=launcher)
+        self.bridge_set = Bridges(self.starter, spec, workers, attach)
+        self.server_set = PolicyServers(self.starter, spec, attach, policy_replicas)
 
-    # ------------------------------------------------------------- services
-    def _once(self, key: tuple, start: Callable[[], Any]) -> Any:
-        """``start()`` the service of ``key`` (its key lock held), unless it already exited on its own
-        error while starting in this run: a bad checkpoint or sim fails every later start the same
-        way, so each later episode gets that error at once instead of minutes of restarts. One
-        killed by a signal is started again."""
-        failed = self._start_failures.get(key)
-        if failed is not None:
-            raise LaunchError(f"{failed}\n(started once in this run and not again: it exited while starting)")
-        try:
-            return start()
-        except ExitedWhileStarting as exc:
-            if exc.returncode > 0:
-                self._start_failures[key] = str(exc)
-            raise
+    @property
+    def launcher(self) -> Launcher:
+        return self.starter.launcher
 
     @property
     def workdir(self) -> Path:
         """The 0700 directory of announce files (with the secret) and logs, made on first use."""
-        with self._lock:
-            if self._workdir is None:
-                if self.closed:
-                    raise PoolError("the run is shutting down")
-                self._workdir = Path(tempfile.mkdtemp(prefix="pytest-hud-"))  # mkdtemp makes it 0700
-            return self._workdir
+        return self.starter.workdir
 
-    def _launch(self, cmd: list[str], what: str, role: str, files: dict[str, str] | None = None,
-                clock: threading.Event | None = None) -> Service:
-        """Start a service through the launcher; it announces itself (or its failure is raised)."""
-        env = {SECRET_ENV: self.secret, "SDL_VIDEODRIVER": os.environ.get("SDL_VIDEODRIVER", "dummy")}
-        with self._lock:
-            workers = list(self._worker_paths)
-        paths = [p for p in self.spec.python_path if p] + workers + [
-            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if paths:
-            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        late = {"clock": clock} if clock is not None else {}  # only launchers that prestart take a clock
-        return self.launcher.launch(cmd, what, role=role, env=env, timeout=self.spec.boot_timeout, files=files,
-                                    **late)
+    @property
+    def closed(self) -> bool:
+        return self.starter.closed
+
+    @property
+    def notes(self) -> dict[str, None]:
+        """What the run should be told about its bridges, once each."""
+        return self.bridge_set.notes
 
     def add_python_path(self, paths: Iterable[str]) -> None:
-        """Import paths a worker's project needs (its test folders on ``sys.path``): every service
-        started from now on gets them on its ``PYTHONPATH``, after the run's own."""
-        with self._lock:
-            for p in paths or ():
-                if isinstance(p, str) and p:
-                    self._worker_paths[p] = None
+        """Import paths a worker's project needs: every service started from now on gets them."""
+        self.starter.add_python_path(paths)
+
+    # ---------------------------------------------------------------- bridges
+    def bridge_for(self, target: str, build: dict[str, Any] | None, worker: int = 0,
+                   replace_pid: int | None = None) -> BridgeAddress:
+        """The address of the bridge this worker should use, starting or replacing it if needed."""
+        return self.bridge_set.bridge_for(target, build, worker, replace_pid)
+
+    def prestart_bridge(self, target: str, build: dict[str, Any] | None, worker: int = 0) -> bool:
+        """Start the bridge :meth:`bridge_for` would give ``worker`` now, on a thread of its own."""
+        return self.bridge_set.prestart_bridge(target, build, worker)
+
+    def bridges(self) -> list[dict[str, Any]]:
+        """Every bridge this run started, live or retired."""
+        return self.bridge_set.bridges()
+
+    def stepping_notes(self, timeout: float = 2.0) -> list[str]:
+        """What the live bridges say (retired slots, how their sims would step faster)."""
+        return self.bridge_set.stepping_notes(timeout)
+
+    # --------------------------------------------------------- policy servers
+    def policy_server_for(self, spec: str, contract: dict[str, Any] | None = None, worker: int = 0) -> dict[str, Any]:
+        """This worker's policy server for ``spec``: ``{"url", "node", "host"}`` (started on first request)."""
+        return self.server_set.policy_server_for(spec, contract, worker)
+
+    def prestart_policy_server(self, spec: str, worker: int = 0) -> bool:
+        """Start ``spec``'s policy server for ``worker``'s replica now, before any worker has a contract."""
+        return self.server_set.prestart_policy_server(spec, worker)
+
+    def warm_policy_server(self) -> bool:
+        """Start a standby interpreter that becomes the next policy server this pool starts."""
+        return self.server_set.warm_policy_server()
+
+    def server_threads(self) -> int | None:
+        """Torch threads for a policy server that shares this machine's cores with the bridges."""
+        return self.server_set.server_threads()
 
     # ----------------------------------------------------------------- stop
     def stop_all(self, timeout: float = 5.0) -> None:
         """Stop every service this run started (all at once) and remove the work dir with its secrets."""
-        with self._lock:
-            self.closed = True
-            self._bridges.clear()
-            self._servers.clear()
-        self.launcher.close(timeout)
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
+        self.bridge_set.forget()
+        self.server_set.forget()
+        self.starter.close(timeout)

@@ -1,13 +1,13 @@
-"""A blocking WebSocket client connection with no background thread, on :mod:`pytest_hud.wire.wsstate`.
+"""A blocking WebSocket client connection with no background thread, around websockets' sans-I/O ``ClientProtocol``.
 
 websockets' own sync client hands every message from a receiving thread to the caller, which costs
 a thread switch (and GIL contention) per observation. An episode is strictly request/response, so
 this connection reads and writes the socket from the calling thread: send an action, read until
-the next message, done. The connection's state machine (frames, pings, the closing handshake,
-protocol errors) is :class:`~pytest_hud.wire.wsstate.WsState`, the one the bridge's server runs
-too, on :mod:`.websocket`'s straight-line framing; this module is its I/O. Errors are websockets'
-exception types (``ConnectionClosed``, ``InvalidStatus``, ``InvalidHandshake``, ``InvalidURI``), so
-callers read them as they would from websockets.
+the next message, done. What the bytes mean (the upgrade, frames, pings, the closing handshake,
+protocol errors) is websockets' ``ClientProtocol``; this module is its I/O: the socket (TCP, or the
+bridge's abstract Unix socket on its host), kernel read timeouts, and a message queue. Errors are
+websockets' exception types (``ConnectionClosed``, ``InvalidStatus``, ``InvalidHandshake``,
+``InvalidURI``).
 """
 
 from __future__ import annotations
@@ -19,37 +19,39 @@ from collections import deque
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.http11 import Response
+from websockets.client import ClientProtocol
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, ConnectionClosedOK, InvalidHandshake, InvalidURI
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
-from pytest_hud.wire.websocket import HandshakeError
-from pytest_hud.wire.wsstate import CLOSED, OPEN, WsState
-
-__all__ = ["BlockingWebSocket"]
+__all__ = ["BlockingWebSocket", "unix_connection"]
 
 #: The most one read takes from the socket (a larger frame takes several reads).
 _READ_SIZE = 262144
+_TEXT, _BINARY, _CONT = Opcode.TEXT, Opcode.BINARY, Opcode.CONT
 
 
 class BlockingWebSocket:
     """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP or Unix socket.
 
-    The WebSocket itself is a client :class:`~pytest_hud.wire.wsstate.WsState` (the state machine
-    the bridge's server runs too); this class is its I/O: the socket, its timeouts, the blocking
-    reads, and websockets' exception types."""
+    ``sock``: a connection to the server's Unix socket (:func:`unix_connection`), else TCP to the
+    URL's host. Messages read with the one ``recv`` returns wait in a queue; once the server's
+    close frame or a protocol error is read, ``recv`` raises ``ConnectionClosed`` as soon as the
+    queue is empty (no message can follow), and ``send`` at once."""
 
     def __init__(self, url: str, max_size: int, open_timeout: float = 30.0,
                  headers: Mapping[str, str] | None = None, sock: socket.socket | None = None) -> None:
-        host, port, path = _parse_url(url)
-        self._ws = WsState(max_size, client=True)
-        self._messages: deque[bytes | str] = deque()  # read with the one recv() returned, not yet asked for
+        host, port, _ = _parse_url(url)
+        self._ws = ClientProtocol(parse_uri(url), max_size=max_size)
+        self._messages: deque[bytes | str] = deque()  # read, not yet asked for
+        self._parts: list[bytes] = []  # a fragmented message's frames so far
+        self._part_text = False
+        self._failed = False  # this side failed the connection (a text message that is not UTF-8)
         deadline = time.monotonic() + open_timeout
-        # ``sock``: a connection to the server's Unix socket (:func:`unix_connection`), else TCP
         self._sock = sock
         # One receive buffer for the connection's life: ``recv(262144)`` would allocate (mmap) and
-        # free 256 KiB per read, with a page fault per 4 KiB received; ``recv_into`` here and a copy
-        # of what arrived cost a quarter of that per step (``benchmarks/ws_core.py``).
+        # free 256 KiB per read, with a page fault per 4 KiB received.
         self._inbox = bytearray(_READ_SIZE)
         self._inbox_view = memoryview(self._inbox)
         self.unix = sock is not None  # connected over the Unix socket (the server is on this host)
@@ -63,32 +65,32 @@ class BlockingWebSocket:
         try:
             self._sock.settimeout(None)
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(_SEND_TIMEOUT))
-            self._handshake(host, port, path, dict(headers or {}), deadline)
+            self._handshake(dict(headers or {}), deadline)
         except BaseException:
             self._sock.close()
             raise
 
-    def _handshake(self, host: str, port: int, path: str, headers: dict[str, str], deadline: float) -> None:
+    def _handshake(self, headers: dict[str, str], deadline: float) -> None:
         ws = self._ws
-        ws.request(host, port, path, headers)
-        self._write(ws.take())
-        rest = None
-        while rest is None:
+        request = ws.connect()
+        request.headers.update(headers)
+        ws.send_request(request)
+        self._flush()
+        while True:
             data = self._read_some(deadline - time.monotonic())
+            if data:
+                ws.receive_data(data)
+            else:
+                ws.receive_eof()
+            events = ws.events_received()
+            if ws.handshake_exc is not None:
+                raise ws.handshake_exc  # InvalidStatus (a refusal, with the server's answer) or InvalidHandshake
+            if events:
+                break
             if not data:
                 raise InvalidHandshake("the server closed the connection during the WebSocket handshake")
-            try:
-                rest = ws.receive_head(data)
-            except HandshakeError as exc:
-                if exc.status:  # a refusal: the server's HTTP answer
-                    response = Response(exc.status, exc.reason, Headers(exc.headers), exc.body)
-                    raise InvalidStatus(response) from None
-                raise InvalidHandshake(str(exc)) from None
-        if rest:  # frames that came with the answer
-            message = ws.receive(rest)
-            if message is not None:
-                self._messages.append(message)
-            self._more()
+        self._take(events[1:])  # frames that came with the answer
+        self._flush()
 
     # ------------------------------------------------------------------ I/O
     def _write(self, data: bytes) -> None:
@@ -115,30 +117,66 @@ class BlockingWebSocket:
             return b""
 
     def _flush(self) -> None:
-        """Write what the state machine queued (pongs, close frames); a socket that fails is lost."""
-        try:
-            self._write(self._ws.take())
-        except OSError:  # TimeoutError included: a peer that reads nothing gets no close handshake
-            self._lost()
+        """Write what websockets queued (the request, pongs, close frames); its empty item, the end
+        of this side of TCP, closes nothing here: the socket closes once the connection is over."""
+        for data in self._ws.data_to_send():
+            if data:
+                self._write(data)
 
-    def _more(self) -> None:
-        """The rest of what was read, after the message recv() returns: every message in it
-        queued, control frames answered (a close noticed now, so that send() raises)."""
-        ws, messages = self._ws, self._messages
-        while ws.pending:
-            message = ws.next()
-            if message is not None:
-                messages.append(message)
-        if ws.out:
-            self._flush()
+    def _take(self, events: list) -> None:
+        """Queue the messages among ``events`` (text decoded; text that is not UTF-8 fails the
+        connection with 1007)."""
+        for event in events:
+            if not isinstance(event, Frame):
+                continue
+            opcode = event.opcode
+            if opcode is _BINARY or opcode is _TEXT:
+                if event.fin:
+                    self._queue(event.data, opcode is _TEXT)
+                else:
+                    self._parts, self._part_text = [event.data], opcode is _TEXT
+            elif opcode is _CONT:
+                self._parts.append(event.data)
+                if event.fin:
+                    parts, self._parts = self._parts, []
+                    self._queue(b"".join(parts), self._part_text)
+
+    def _queue(self, payload: bytes, text: bool) -> None:
+        if not text:
+            # websockets hands an unmasked frame's payload out as a bytearray: callers get bytes
+            self._messages.append(payload if type(payload) is bytes else bytes(payload))
+            return
+        try:
+            self._messages.append(payload.decode())
+        except UnicodeDecodeError:
+            self._ws.fail(1007, "text message is not valid UTF-8")
+            self._failed = True
+
+    def _over(self) -> bool:
+        """No message can come any more: the server's close frame or a protocol error was read,
+        or TCP is gone."""
+        ws = self._ws
+        return (ws.state is State.CLOSED or ws.close_rcvd is not None or ws.parser_exc is not None
+                or self._failed)
+
+    def _closed(self) -> ConnectionClosed:
+        """``ConnectionClosed`` with both close frames as they are now (websockets' ``close_exc``
+        waits for TCP to end; this one is raised as soon as no message can come)."""
+        ws = self._ws
+        rcvd, sent = ws.close_rcvd, ws.close_sent
+        clean = rcvd is not None and sent is not None and rcvd.code in (1000, 1001) and sent.code in (1000, 1001)
+        exc = (ConnectionClosedOK if clean else ConnectionClosedError)(rcvd, sent, ws.close_rcvd_then_sent)
+        exc.__cause__ = ws.parser_exc
+        return exc
 
     def _lost(self) -> None:
-        self._ws.lost()
+        self._ws.receive_eof()
+        self._ws.state = State.CLOSED
         self._sock.close()
 
     def recv(self, timeout: float) -> bytes | str:
-        """The next message; raises ``TimeoutError`` or ``ConnectionClosed`` (at once after a
-        protocol error: no message can follow it)."""
+        """The next message; raises ``TimeoutError`` or ``ConnectionClosed`` (at once after the
+        server's close frame or a protocol error: no message can follow them)."""
         messages = self._messages
         if messages:
             return messages.popleft()
@@ -146,36 +184,41 @@ class BlockingWebSocket:
         start = time.monotonic()
         wait = timeout  # the same value call after call: SO_RCVTIMEO stays as it is
         while True:
-            if ws.state == CLOSED or ws.failed:
-                raise ws.closed()
+            if self._over():
+                raise self._closed()
             try:
                 data = self._read_some(wait)
             except TimeoutError:
                 raise
             except OSError:
                 self._lost()
-                raise ws.closed() from None
+                raise self._closed() from None
             if not data:
                 self._lost()
                 continue
-            message = ws.receive(data)  # the hot path: one whole frame, no parser state
-            if ws.out:
-                self._flush()
-            if message is not None:
-                if ws.pending:
-                    self._more()
-                return message
+            ws.receive_data(data)
+            self._take(ws.events_received())
+            self._flush_or_lose()  # pongs, a close echoed or failed
+            if messages:
+                return messages.popleft()
             wait = timeout - (time.monotonic() - start)  # a message in several reads: what is left
+
+    def _flush_or_lose(self) -> None:
+        try:
+            self._flush()
+        except OSError:  # TimeoutError included: a peer that reads nothing gets no close handshake
+            self._lost()
 
     def send(self, data: bytes) -> None:
         ws = self._ws
-        if ws.state != OPEN:
-            raise ws.closed()
+        if ws.state is not State.OPEN:
+            raise self._closed()
+        ws.send_binary(data)
         try:
-            self._write(ws.frame(data))
+            self._flush()
         except OSError:
             self._lost()
-            raise ws.closed() from None
+            raise self._closed() from None
 
     def close(self) -> None:
         """Start the closing handshake if nobody has, then read until the server closes TCP
@@ -184,18 +227,19 @@ class BlockingWebSocket:
             return
         ws = self._ws
         try:
-            ws.close(1000)
+            if ws.state is State.OPEN:
+                ws.send_close(1000)
             deadline = time.monotonic() + 2.0
             while True:
-                if ws.out:
-                    self._write(ws.take())
-                if ws.state == CLOSED:
+                self._flush()
+                if ws.state is State.CLOSED:
                     break
                 data = self._read_some(deadline - time.monotonic())
                 if not data:
                     break
-                ws.receive(data)  # a close frame recorded, anything else dropped
-        except (OSError, TimeoutError, ConnectionClosed):
+                ws.receive_data(data)  # a close frame recorded, anything else dropped
+                ws.events_received()
+        except (OSError, TimeoutError):
             pass
         finally:
             self._lost()

@@ -201,7 +201,7 @@ def test_a_prestart_the_run_ends_during_leaves_no_server_behind(spec):
     for _ in range(5):
         pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
         assert pool.prestart_policy_server(spec, worker=0)
-        (pending,) = pool._prestarts.values()
+        (pending,) = pool.server_set._prestarts.values()
         pool.stop_all(timeout=5)
         # The prestart's thread ends once its launch was refused or its server exited; one whose
         # server outlived stop_all would wait for that server's announce (or contract) for ever.
@@ -331,7 +331,7 @@ def test_the_summary_asks_stuck_bridges_for_their_notes_all_at_once_and_gives_up
 
     pool = SimPool("s3cret", BridgeSpec(width=1, cwd=str(REPO)), workers=1)
     for i in range(5):
-        pool._bridges[(f"stuck{i}", "{}", 0)] = _Bridge(
+        pool.bridge_set._bridges[(f"stuck{i}", "{}", 0)] = _Bridge(
             (f"stuck{i}", "{}", 0), Alive(), BridgeAddress(control=port, ws=port, secret="s3cret"), "", 0.0)
     acceptor = threading.Thread(target=accept_all, daemon=True)
     acceptor.start()

@@ -85,7 +85,7 @@ def test_a_bridge_holds_starts_for_the_workers_that_share_it():
 
     def sharing(workers: int, width: int) -> list[int]:
         pool = SimPool("s", BridgeSpec(width=width), workers=workers)
-        return [pool._sharing(pool.group_of(w)) for w in range(workers)]
+        return [pool.bridge_set._sharing(pool.bridge_set.group_of(w)) for w in range(workers)]
 
     assert sharing(8, 8) == [8] * 8
     assert sharing(8, 4) == [4] * 8  # two bridges of four
@@ -111,6 +111,6 @@ def test_a_local_policy_server_leaves_the_env_processes_their_cores(monkeypatch,
     monkeypatch.setattr("os.cpu_count", lambda: cores)
     pool = SimPool("s", BridgeSpec(width=width, vectorization=vectorization), workers=8)
     assert pool.server_threads() == threads
-    assert ("--threads" in pool._server_cmd("ckpt")) == (threads is not None)
+    assert ("--threads" in pool.server_set._server_cmd("ckpt")) == (threads is not None)
     assert SimPool("s", BridgeSpec(width=width, vectorization=vectorization), workers=8,
                    launcher=StaticLauncher({})).server_threads() is None  # not started on this machine

@@ -18,7 +18,7 @@ from gymnasium import spaces
 from pytest_hud.core.contract import Contract, Feature
 from pytest_hud.sim.base import SlotFaults
 from pytest_hud.bridge.engine import BridgeEngine
-from pytest_hud.bridge.failures import TaskError
+from pytest_hud.bridge.exceptions import TaskError
 from pytest_hud.sim.multitask import MultiTaskSim
 
 CONTRACT = Contract(
