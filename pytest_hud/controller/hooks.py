@@ -75,7 +75,7 @@ class HudController:
         spec = BridgeSpec(
             width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
             first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
-            vectorization=settings.vectorization, tick=settings.tick, tick_window=settings.tick_window,
+            vectorization=settings.vectorization, inline=settings.inline, tick=settings.tick, tick_window=settings.tick_window,
             batched_policy=settings.policy_server,
             io_thread=settings.io_thread,
             cwd=invocation,
