@@ -156,7 +156,7 @@ class Bridges:
             if note:
                 self.notes[f"{_label(key)}: --hud-vectorization={note}"] = None
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
-        inline = inline_choice(spec.inline, spec.vectorization, target, service.announce, address)
+        inline = inline_choice(spec, target, service.announce, address)
         if inline:
             self.notes[inline] = None
             address = dataclasses.replace(address, inline=inline)

@@ -27,16 +27,18 @@ def inline_wins(env_step_s: float, round_trip_s: float) -> bool:
     return env_step_s < round_trip_s
 
 
-def inline_choice(inline: str, vectorization: str, target: str, announce: dict[str, Any],
-                  address: BridgeAddress) -> str | None:
-    """Why the workers run ``target``'s env themselves, or None to keep the shared bridge.
+def inline_choice(spec: Any, target: str, announce: dict[str, Any], address: BridgeAddress) -> str | None:
+    """Why the workers run ``target``'s env themselves, or None to keep the shared bridge
+    (``spec``: the pool's :class:`~pytest_hud.controller.bridges.BridgeSpec`).
 
-    Only ``--hud-inline=auto`` with ``--hud-vectorization=auto`` decides: an explicit vectorization
-    asks for a bridge layout, ``always`` never starts a bridge, and ``never`` keeps it. A bridge
+    Only ``--hud-inline=auto`` decides, and only where the bridge's layout is left to ``auto`` too:
+    an explicit ``--hud-vectorization``, ``--hud-tick`` or ``--hud-io-thread`` asks for a bridge
+    (``always`` never starts one, ``never`` keeps it). A bridge
     elsewhere (``node``: placed on another machine) is kept, as is a sim the bridge did not time (a
     factory that vectorizes its envs itself, a multi-task sim)."""
     step_s = announce.get("env_step_s")
-    if inline != "auto" or vectorization != "auto" or step_s is None or address.node is not None:
+    if (spec.inline != "auto" or spec.vectorization != "auto" or spec.tick != "auto" or spec.io_thread
+            or step_s is None or address.node is not None):
         return None
     try:
         with ControlClient(address, timeout=10.0) as control:

@@ -13,17 +13,22 @@ those of the same claim on a bridge, whatever the worker or the width.
 from __future__ import annotations
 
 import json
+import math
 import time
 import traceback
 from typing import Any
 
+import numpy as np
+
 from pytest_hud.bridge.engine import BridgeEngine, Timeouts
 from pytest_hud.bridge.failures import SlotError, SlotFailure, TaskError
-from pytest_hud.bridge.simcalls import explain, park_step_observe, reset_and_observe
-from pytest_hud.client.protocol import BridgeError, Claim, ObservationReader, action_frame, read_frame
-from pytest_hud.core.contract import Contract
+from pytest_hud.bridge.simcalls import explain, reset_and_observe
+from pytest_hud.bridge.slots import SlotState
+from pytest_hud.client.protocol import BridgeError, Claim, action_frame, read_frame
+from pytest_hud.core.contract import Contract, ContractError
+from pytest_hud.sim.base import _info_success
 from pytest_hud.sim.target import load_sim
-from pytest_hud.wire.codec import packb, rows_packer, unpack_action
+from pytest_hud.wire.codec import packb, unpack_action
 
 __all__ = ["AsyncInlineSlot", "InlineBridge", "InlineSlot"]
 
@@ -110,7 +115,6 @@ class InlineSlot:
 
     def __init__(self, bridge: InlineBridge, token: str | None) -> None:
         self.bridge = bridge
-        self._read = ObservationReader()
         engine, sim = bridge.engine, bridge.sim
         try:
             self.slot = engine.bind(engine.open(time.monotonic()), {"claim": token})
@@ -127,29 +131,69 @@ class InlineSlot:
             frame = engine.start(self.slot, time.monotonic())
         except SlotFailure as failure:
             raise BridgeError(str(failure)) from None
+        if not getattr(sim, "isolates_slots", False):
+            raise BridgeError(f"{bridge.target} is not a sim of single envs, so it cannot run in a worker; "
+                              "use --hud-inline=never")
         self.metadata = {"claim_required": True, "width": 1, "inline": True}
         self.first_observation = read_frame(packb(frame), "first observation")
 
     def step(self, action: Any) -> dict[str, Any]:
-        """One action (``[A]``) in, the next observation frame out, as through a bridge."""
-        engine, slot = self.bridge.engine, self.slot
-        now = time.monotonic()
+        """One action (``[A]``) in, the next observation frame out, as through a bridge.
+
+        The bridge's per-step path without its batch plumbing (one slot has no batch): the action
+        as the wire delivers it, checked by the contract; the env stepped as the bridge's sim steps
+        a slot's env (:meth:`GymSim.step_slots`); the episode tallied as :meth:`TickRules.apply_batch`
+        tallies a slot (steps, return, latched success, score, the end); the frame as the wire
+        reads it (the features' rows as read-only arrays, the reward a float32)."""
+        engine, slot, sim = self.bridge.engine, self.slot, self.bridge.sim
+        if slot.state is not SlotState.LIVE:
+            raise BridgeError(engine.late_frame(slot).args[0] if slot.failure is None else str(slot.failure))
+        arr = np.asarray(action)
+        if arr.dtype.kind not in "biuf":  # what the wire would make of it, exactly
+            arr = unpack_action(action_frame(action))["actions"]
         try:
-            engine.submit_action(slot, unpack_action(action_frame(action)), now)
-        except SlotFailure as failure:
-            raise BridgeError(str(failure)) from None
-        plan = engine.plan_tick(now)
-        if plan is None:
-            raise BridgeError(f"slot {slot.index}: the episode is over; call result(token)")
+            action = engine.contract.coerce_action(arr)
+        except ContractError as exc:
+            raise BridgeError(str(engine.refuse_action(slot, str(exc)))) from None
+        except Exception as exc:  # noqa: BLE001 - numpy refuses some values: the agent's error, as on a bridge
+            raise BridgeError(str(engine.refuse_action(
+                slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})"))) from None
         try:
-            batch, obs, faults = park_step_observe(self.bridge.sim, plan.park, plan.actions, plan.mask)
-            if faults:
-                raise RuntimeError("\n".join(faults.values()))
-        except Exception:
-            failed = engine.step_failed(plan, explain(traceback.format_exc()))
-            raise BridgeError(str(failed[0][1]) if failed else "the sim raised during its step") from None
-        frames = engine.apply_batch(plan, batch, obs, time.monotonic(), rows_packer)
-        return self._read(frames[0][1])
+            obs, reward, terminated, truncated, info = sim.env.envs[0].step(action)  # the GymSim's one env
+        except Exception:  # this episode fails; a fresh env serves the next, as a bridge rebuilds one
+            why = explain(traceback.format_exc())
+            failure = f"slot {slot.index}: sim raised during step: {why.splitlines()[-1]}\n{why}"
+            engine._end(slot, failure, None)
+            try:
+                sim.rebuild_slot(0)
+            except Exception:  # noqa: BLE001 - no env to go on with: later claims hear why
+                engine._mark_broken(traceback.format_exc())
+            raise BridgeError(failure) from None
+        sim._write_row(0, obs)
+        reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+        slot.steps += 1
+        slot.total_reward += reward
+        engine.ticks += 1
+        engine.env_steps += 1
+        engine.slot_steps += 1
+        if info:
+            if _info_success(info):
+                slot.success = True  # latched: a later step cannot take it back
+            score = info.get("score")
+            if score is not None and not math.isnan(float(score)):
+                slot.score = float(score)
+        done = terminated or truncated
+        if done:
+            slot.terminated, slot.truncated = terminated, truncated
+            slot.state, slot.deadline = SlotState.DONE, None
+        frame: dict[str, Any] = {}
+        for key, rows in sim.observe().items():
+            row = rows[0].copy()
+            row.flags.writeable = False
+            frame[key] = row
+        frame["reward"] = np.float32(reward)
+        frame["terminated"], frame["truncated"], frame["success"] = done, truncated, slot.success
+        return frame
 
     def close(self) -> None:
         pass

@@ -50,7 +50,8 @@ INI = """
 [pytest]
 hud_sim = sims:cartpole
 hud_policy = policies:balance
-"""
+hud_inline = never
+"""  # (this file drives real bridges: CartPole's cheap steps would otherwise run in the workers)
 
 
 @pytest.fixture
