@@ -157,3 +157,26 @@ def test_a_worker_that_cannot_build_the_sim_itself_errs_those_episodes_with_the_
     assert result.parseoutcomes().get("errors") == 4, result.stdout.str()
     result.stdout.fnmatch_lines(["*cannot build sim 'sims:no_such_factory' in this worker*no attribute*"])
     assert {tuple(w) for w in where(project)} == {("cartpole", True)}
+
+
+ASYNC = '''
+import pytest
+
+@pytest.mark.asyncio
+@pytest.mark.hud(sim="sims:cartpole", policy="policies:tilt")
+@pytest.mark.parametrize("seed", range(4))
+async def test_cartpole(shared_sim, robot_agent, seed):
+    result = await robot_agent.arun(shared_sim.episode(seed=seed))
+    assert result.success
+'''
+
+
+def test_asyncio_episodes_are_the_same_in_the_worker_and_through_the_bridge(project):
+    project.makepyfile(test_async=ASYNC)
+    project.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    seen = {}
+    for inline in ("never", "always"):
+        result = run(project, "-p", "no:xdist", f"--hud-inline={inline}", f"--hud-results={inline}.jsonl")
+        assert result.ret in (0, 1), result.stdout.str()
+        seen[inline] = episodes(project.path / f"{inline}.jsonl")
+    assert len(seen["never"]) == 4 and seen["always"] == seen["never"]
