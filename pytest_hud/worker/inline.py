@@ -2,14 +2,14 @@
 
 When one env-step costs less than a round trip to a shared bridge (CartPole, MountainCar, small
 state-only sims), a worker steps its own env: :class:`InlineBridge` is what :class:`ControlClient`
-and :class:`SlotClient` are to a bridge process, without a process or a socket. It runs the same
-:class:`~pytest_hud.bridge.engine.BridgeEngine` (claims, seeds, latched success, grades), the same
-sim calls (:mod:`pytest_hud.bridge.simcalls`) on the sim the bridge's loader builds, and the same
-frames, packed and read as on the wire (an action as ``action_frame`` packs it; an observation as
-the bridge packs it and the worker's reader reads it): an episode's steps, returns and success are
-those of the same claim on a bridge, whatever the worker or the width.
+and :class:`SlotClient` are to a bridge process, without a process or a socket. It builds the sim
+as a bridge's loader does (one slot) and runs the same :class:`~pytest_hud.bridge.engine.BridgeEngine`
+for claims, seeds, resets and grades; each step checks the action as the bridge does, steps the env
+as the bridge's sim steps a slot's env, tallies the episode by the bridge's rules (return, latched
+success, score, the end) and hands the agent the frame it would have read off the wire. So an
+episode's steps, return and success are those of the same claim on a bridge, whatever the worker
+or the width (``tests/e2e/test_inline_sims.py`` runs the same episodes both ways).
 """
-
 from __future__ import annotations
 
 import json
@@ -26,7 +26,7 @@ from pytest_hud.bridge.simcalls import explain, reset_and_observe
 from pytest_hud.bridge.slots import SlotState
 from pytest_hud.client.protocol import BridgeError, Claim, action_frame, read_frame
 from pytest_hud.core.contract import Contract, ContractError
-from pytest_hud.sim.base import _info_success
+from pytest_hud.sim.base import SUCCESS_KEYS
 from pytest_hud.sim.target import load_sim
 from pytest_hud.wire.codec import packb, unpack_action
 
@@ -45,8 +45,8 @@ class InlineBridge:
         self.target = target
         self.sim = load_sim(target, 1, "sync", build)
         try:
-            if not self.sim.supports_slot_reset:
-                raise BridgeError(f"{target} resets all its envs at once, so it cannot run in a worker; "
+            if not (self.sim.supports_slot_reset and getattr(self.sim, "isolates_slots", False)):
+                raise BridgeError(f"{target} is not a factory of single envs, so it cannot run in a worker; "
                                   "use --hud-inline=never")
             self._contract = self.sim.contract()
             self.engine = BridgeEngine(1, self._contract, self.sim.hold_action(), build_args=build,
@@ -131,9 +131,6 @@ class InlineSlot:
             frame = engine.start(self.slot, time.monotonic())
         except SlotFailure as failure:
             raise BridgeError(str(failure)) from None
-        if not getattr(sim, "isolates_slots", False):
-            raise BridgeError(f"{bridge.target} is not a sim of single envs, so it cannot run in a worker; "
-                              "use --hud-inline=never")
         self.metadata = {"claim_required": True, "width": 1, "inline": True}
         self.first_observation = read_frame(packb(frame), "first observation")
 
@@ -177,7 +174,7 @@ class InlineSlot:
         engine.env_steps += 1
         engine.slot_steps += 1
         if info:
-            if _info_success(info):
+            if any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None):  # as GymSim reads it
                 slot.success = True  # latched: a later step cannot take it back
             score = info.get("score")
             if score is not None and not math.isnan(float(score)):
