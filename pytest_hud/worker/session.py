@@ -28,10 +28,10 @@ from pytest_hud.worker.keys import EPISODES_KEY, SESSION_KEY, worker_session
 from pytest_hud.recording.recorder import Recorder
 from pytest_hud.recording.recorders import open_recorders
 from pytest_hud.wire.rpc import RpcClient, RpcError
-
-if TYPE_CHECKING:
-    from pytest_hud.worker.inline import InlineBridge
 from pytest_hud.core.settings import HudSettings
+
+if TYPE_CHECKING:  # imported when a worker runs its sim itself: the bridge's engine and the sim loader
+    from pytest_hud.worker.inline import InlineBridge
 
 __all__ = ["EPISODES_KEY", "SESSION_KEY", "HudSession", "SharedSim", "worker_session"]
 
