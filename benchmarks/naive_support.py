@@ -11,9 +11,9 @@ from pytest_hud.core.contract import derive_contract
 from pytest_hud.sim.target import resolve_factory
 
 
-def build_env(target: str) -> gym.Env:
+def build_env(target: str, **build: Any) -> gym.Env:
     factory = resolve_factory(target)
-    return gym.make(target) if factory is None else factory()
+    return gym.make(target, **build) if factory is None else factory(**build)
 
 
 def build_policy(spec: str, env: gym.Env) -> Any:
@@ -22,12 +22,29 @@ def build_policy(spec: str, env: gym.Env) -> Any:
     model = load_policy(spec, contract)
 
     class Chunked:  # always a chunk [T, A], like the agent loop's open-loop queue
-        def predict(self, observation):
+        def reset(self):
+            if callable(getattr(model, "reset", None)):
+                model.reset()
+
+        def predict(self, observation, prompt=None):
             import numpy as np
 
-            out = np.asarray(model.predict(observation))
+            out = np.asarray(model.predict(observation, prompt=prompt) if prompt else model.predict(observation))
             if contract.action.type == "discrete":
                 return out.reshape(-1, 1)[:, 0] if out.size > 1 else [int(out.reshape(-1)[0])]
             return out.reshape(-1, contract.action_dim)
 
     return Chunked()
+
+
+def run_episode(env: gym.Env, policy: Any, seed: int, prompt: str | None = None) -> dict[str, Any]:
+    """One episode in a plain loop (the policy's chunks executed open-loop); its last ``info``."""
+    obs, _ = env.reset(seed=seed)
+    policy.reset()
+    queue: list = []
+    while True:
+        if not queue:
+            queue = list(policy.predict(obs if isinstance(obs, dict) else {"state": obs}, prompt))
+        obs, _, terminated, truncated, info = env.step(queue.pop(0))
+        if terminated or truncated:
+            return info

@@ -182,6 +182,7 @@ def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dic
     log = scratch / f"{name}.log"
     wall, code = run_timed(command, env, log, python_bin)
     row = {"name": name, "command": " ".join(command[2:]), "wall_s": wall, "code": code, "log": log}
+    row["startup"] = next((line for line in log.read_text().splitlines() if line.startswith("startup (")), None)
     if results.is_file():
         episodes = {}
         for line in results.read_text().splitlines():
@@ -218,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", SDL_VIDEODRIVER="dummy",
                PYGAME_HIDE_SUPPORT_PROMPT="1")
+    # Both sides as users run Python: compiled modules cached. (Without it, every process of a
+    # pytest-hud run, a -n 8 run has 13, compiles the editable package again, assert rewriting too,
+    # while LeRobot's installed modules come compiled.)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     maker = load_maker()
     tick = time.perf_counter()
     checkpoint = maker.ensure_checkpoint(python=str(args.python))
@@ -279,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             inner = f", in-process rollout {row['inner_s']:.1f}s" if "inner_s" in row else ""
             print(f"{name:16s} {row['wall_s']:7.1f}s wall (exit {row['code']}{inner}, load average "
                   f"{os.getloadavg()[0]:.1f} after)  {row['command']}", flush=True)
+            if row.get("startup"):
+                print(f"  {row['startup']}", flush=True)  # where its first seconds went
             if not n:
                 print(f"  no per-episode results; log: {row['log']}")
                 print("  " + "\n  ".join(Path(row["log"]).read_text().splitlines()[-15:]))

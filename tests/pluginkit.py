@@ -38,7 +38,8 @@ INI = """
 [pytest]
 hud_sim = sims:cartpole
 hud_policy = policies:balance
-"""
+hud_inline = never
+"""  # (these files drive real bridges: CartPole's cheap steps would otherwise run in the workers)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from pytest_hud.client.bridge import AsyncSlotClient, BridgeError, SlotClient
+from pytest_hud.client.bridge import BridgeError
 from pytest_hud.client.episode import Episode, EpisodeError, EpisodeResult
 from pytest_hud.agent.episode_loop import EpisodeLoop, StepObserver
 from pytest_hud.agent.model import as_model
@@ -57,7 +57,7 @@ class Agent:
                 return self.run(episode, max_steps)
         loop = self._start(episode, max_steps)
         with self._reporting(episode), \
-                SlotClient(episode.address, episode.token, recv_timeout=self.recv_timeout) as slot:
+                episode.open_slot(self.recv_timeout) as slot:
             try:
                 action = loop.begin(slot.first_observation)
                 while action is not None:
@@ -74,7 +74,7 @@ class Agent:
                 return await self.arun(episode, max_steps)
         loop = self._start(episode, max_steps)
         with self._reporting(episode):
-            slot = await AsyncSlotClient.connect(episode.address, episode.token, recv_timeout=self.recv_timeout)
+            slot = await episode.aopen_slot(self.recv_timeout)
             try:
                 action = loop.begin(slot.first_observation)
                 while action is not None:

@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                "vectorization": sim.vectorization, "tick": tick}  # as run: what auto chose
     if server.ws_unix:
         payload["ws_unix"] = server.ws_unix
+    if sim.env_step_s is not None:
+        payload["env_step_s"] = sim.env_step_s  # the pool weighs it against a round trip (--hud-inline)
     if sim.vectorization_note:
         payload["vectorization_note"] = sim.vectorization_note
         print(f"pytest-hud bridge: --vectorization {sim.vectorization_note}", file=sys.stderr, flush=True)

@@ -56,6 +56,8 @@ class BridgeAddress:
     width: int | None = None
     node: str | None = None  # the cluster node it runs on (Ray node id), when placed remotely
     ws_unix: str | None = None  # the slot WebSocket on a Unix socket, used when it is on this host
+    #: set by the pool when a worker should run this bridge's sim itself: why (``--hud-inline``)
+    inline: str | None = None
 
     @property
     def ws_url(self) -> str:
@@ -84,13 +86,15 @@ class BridgeAddress:
                 width=data.get("width"),
                 node=data.get("node"),
                 ws_unix=data.get("ws_unix"),
+                inline=data.get("inline"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BridgeError(f"announce data lacks {exc}; expected control, ws and secret") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"control": self.control, "ws": self.ws, "secret": self.secret, "host": self.host,
-                "pid": self.pid, "width": self.width, "node": self.node, "ws_unix": self.ws_unix}
+                "pid": self.pid, "width": self.width, "node": self.node, "ws_unix": self.ws_unix,
+                "inline": self.inline}
 
 
 class ControlClient:
@@ -115,6 +119,16 @@ class ControlClient:
 
     def contract(self) -> Contract:
         return read_contract(self._call("contract"))
+
+    def round_trip_s(self, calls: int = 7) -> float:
+        """The fastest of ``calls`` round trips on this channel (seconds): what one exchange with the
+        bridge costs at least, the machine's load aside."""
+        best = float("inf")
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            self._call("contract")
+            best = min(best, time.perf_counter() - t0)
+        return best
 
     def claim(self, wait: float = 660.0, **task: Any) -> Claim:
         """Claim a slot for an episode (``seed``, ``options``, ``prompt``, ``build``, ...).

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pytest_hud.client.bridge import BridgeAddress, BridgeError, ControlClient
+from pytest_hud.client.bridge import AsyncSlotClient, BridgeAddress, BridgeError, ControlClient, SlotClient
 from pytest_hud.core.contract import Contract
 from pytest_hud.core.results import EpisodeResult
 
@@ -90,6 +90,14 @@ class Episode:
             token, self.token = self.token, None
             self.grade_data = self.control.result(token)
         return self.grade_data
+
+    def open_slot(self, recv_timeout: float) -> SlotClient:
+        """The claimed slot's steps: its WebSocket on the bridge (the agent loop calls this)."""
+        return SlotClient(self.address, self.token, recv_timeout=recv_timeout)
+
+    async def aopen_slot(self, recv_timeout: float) -> AsyncSlotClient:
+        """asyncio version of :meth:`open_slot`."""
+        return await AsyncSlotClient.connect(self.address, self.token, recv_timeout=recv_timeout)
 
     def definition(self) -> dict[str, Any]:
         """What defines this episode, as its results line records it: the seed (the one the bridge

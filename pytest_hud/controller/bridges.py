@@ -12,6 +12,7 @@ servers share. :class:`~pytest_hud.controller.pool.SimPool` holds one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_hud.client.bridge import BridgeAddress
+from pytest_hud.controller.inline import inline_choice
 from pytest_hud.controller.services import PoolError, ServiceStarter
 from pytest_hud.launch.launcher import Service
 
@@ -41,6 +43,7 @@ class BridgeSpec:
     first_action_timeout: float = 300.0
     step_timeout: float = 30.0
     vectorization: str = "auto"
+    inline: str = "auto"  # settings.OPTIONS["inline"]: whether workers may run a cheap env themselves
     tick: str = "auto"
     batched_policy: bool = False  # a batching policy server answers the episodes (--hud-policy-server)
     tick_window: float = 0.001  # settings.OPTIONS["tick_window"]
@@ -116,7 +119,7 @@ class Bridges:
         reaches the worker when it asks (:meth:`ServiceStarter.once`). Once per bridge; True if started."""
         key = self._bridge_key(target, build, worker)
         with self._lock:
-            if self.attach is not None or self.starter.closed or key in self._prestarts:
+            if self.attach is not None or self.starter.closed or key in self._prestarts or self.spec.inline == "always":
                 return False
             self._prestarts.add(key)
 
@@ -151,6 +154,10 @@ class Bridges:
             if note:
                 self.notes[f"{_label(key)}: --hud-vectorization={note}"] = None
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
+        inline = inline_choice(spec, target, service.announce, address)
+        if inline:
+            self.notes[inline] = None
+            address = dataclasses.replace(address, inline=inline)
         return _Bridge(key, service, address, service.log, time.monotonic())
 
     def _retire(self, bridge: _Bridge) -> None:

@@ -4,16 +4,13 @@ One :class:`HudController` per run, in the xdist controller (or the only process
 created by the plugin once the run uses pytest-hud and stopped in ``pytest_unconfigure``. It wires
 the pieces cut by role, as pytest-xdist cuts ``dsession``/``workermanage``:
 
-- :class:`~pytest_hud.controller.ledger.Ledger` (pure): declared episodes, records, coverage, sequential tests,
-  verdicts;
+- :class:`~.ledger.Ledger` (pure): declared episodes, records, coverage, sequential tests, verdicts;
 - :class:`~pytest_hud.controller.pool.SimPool` and :class:`~pytest_hud.controller.pool_service.PoolService`: bridges
-  and the loopback service workers ask for them;
-- :class:`~pytest_hud.core.results.ResultsWriter`: one fsynced line per episode, opened on the first;
-  where it goes and when it becomes the baseline (:mod:`~pytest_hud.controller.results_file`);
-- the reports: terminal (:mod:`~pytest_hud.report.terminal`), JUnit (:mod:`~pytest_hud.report.junit`),
-  ``$GITHUB_STEP_SUMMARY`` and HTML (:mod:`~pytest_hud.report`).
+  and the loopback service workers ask for them; :class:`~.startup.StartupClock`: where the first seconds went;
+- :class:`~pytest_hud.core.results.ResultsWriter`: one fsynced line per episode, opened on the first; where it
+  goes and when it becomes the baseline (:mod:`~pytest_hud.controller.results_file`);
+- the reports: terminal, JUnit, ``$GITHUB_STEP_SUMMARY`` and HTML (:mod:`~pytest_hud.report`).
 """
-
 from __future__ import annotations
 
 import json
@@ -29,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from pytest_hud.controller.startup import StartupClock
 from pytest_hud.controller.inputs import RunInputs
 from pytest_hud.controller.ledger import Ledger
 from pytest_hud.controller.provenance import PolicyHashes, provenance
@@ -56,6 +54,7 @@ class HudController:
         self.secret = secret or secrets.token_hex(16)
         self.run_id = secrets.token_hex(8)
         self.started = time.monotonic()
+        self.startup = StartupClock()  # where the run's first seconds go (summary and results file)
         self.ledger = Ledger(inputs.gate_config, inputs.baseline, inputs.resumable,
                              sequential=settings.sequential, gated_by_file=bool(settings.gate))
         self.verdicts: list[Any] | None = None
@@ -75,10 +74,9 @@ class HudController:
         spec = BridgeSpec(
             width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
             first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
-            vectorization=settings.vectorization, tick=settings.tick, tick_window=settings.tick_window,
-            batched_policy=settings.policy_server,
-            io_thread=settings.io_thread,
-            cwd=invocation,
+            vectorization=settings.vectorization, inline=settings.inline, tick=settings.tick,
+            tick_window=settings.tick_window, batched_policy=settings.policy_server,
+            io_thread=settings.io_thread, cwd=invocation,
             python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
         )
         self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach,
@@ -165,6 +163,7 @@ class HudController:
                  shard: dict[str, Any] | None = None, policies: list[str] = (),
                  python_path: list[str] = (), hash_policies: dict[str, list[str] | None] | None = None,
                  sims: list[list[Any]] = (), problems: list[str] = ()) -> int:
+        self.startup.mark("collected")  # declared once collected: the last worker's counts
         self.pool.add_python_path(python_path)
         self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
         for target, build in sims:  # and the bridges of the sims its tests use
@@ -206,6 +205,10 @@ class HudController:
 
         problem = floors_problem(self.ledger.gate_config.floors, self.ledger.collected_tasks())
         return [problem] if problem else []
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodeready(self, node: Any) -> None:
+        self.startup.mark("workers_up")  # the last worker's counts
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
@@ -293,6 +296,8 @@ class HudController:
     def _add(self, record: EpisodeRecord) -> None:
         if not record.reused:
             record.finished_at = time.time()
+            self.startup.first("first_result", now := time.monotonic())
+            self.startup.first("first_episode_started", now - (record.duration_s or 0.0))
         with self._lock:
             self.ledger.add(record)
         writer = self._write()  # (takes its own lock, then the books': never the other way round)
@@ -357,7 +362,8 @@ class HudController:
             if writer is not None:
                 policies, sims = self.ledger.used()
                 writer.summary(self.tasks(), self.coverage(),
-                               dict(self.provenance, policies=policies, sims=self._with_bridges(sims)), gate,
+                               dict(self.provenance, policies=policies, sims=self._with_bridges(sims),
+                                    startup=self.startup.to_dict(self.pool.launches)), gate,
                                sensitivity=[t.to_dict() for t in tables])
                 self.baseline_note = settle_baseline(self.writer, self.results_path, self.baseline_path,
                                                      session.exitstatus)
@@ -451,6 +457,7 @@ class HudController:
                                    or self.config.get_verbosity() > 0],
                       notes=list(self.pool.notes) + (
                           self.pool.stepping_notes() if exitstatus != pytest.ExitCode.INTERRUPTED else []))
+        terminalreporter.write_line(f"startup (s since pytest started): {self.startup.line(self.pool.launches)}")
 
     def stop(self) -> None:
         if self._old_sigterm is not None:

@@ -45,6 +45,11 @@ class SimPool:
         return self.starter.launcher
 
     @property
+    def launches(self) -> list[tuple[str, float, float]]:
+        """``(what, started, announced)`` of every service started (monotonic seconds)."""
+        return self.starter.launches
+
+    @property
     def workdir(self) -> Path:
         """The 0700 directory of announce files (with the secret) and logs, made on first use."""
         return self.starter.workdir

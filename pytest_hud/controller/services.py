@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ class ServiceStarter:
         self._key_locks: dict[tuple, threading.Lock] = {}
         self._worker_paths: dict[str, None] = {}  # the workers' project import paths (add_python_path)
         self._start_failures: dict[tuple, str] = {}  # services that exited while starting
+        #: ``(what, started, announced)`` of every service started (monotonic seconds)
+        self.launches: list[tuple[str, float, float]] = []
 
     @property
     def workdir(self) -> Path:
@@ -87,8 +90,11 @@ class ServiceStarter:
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         late = {"clock": clock} if clock is not None else {}  # only launchers that prestart take a clock
-        return self.launcher.launch(cmd, what, role=role, env=env, timeout=self.boot_timeout, files=files,
-                                    **late)
+        started = time.monotonic()
+        service = self.launcher.launch(cmd, what, role=role, env=env, timeout=self.boot_timeout, files=files,
+                                       **late)
+        self.launches.append((what, started, time.monotonic()))  # the run's start-up summary reads them
+        return service
 
     def add_python_path(self, paths: Iterable[str]) -> None:
         """Import paths a worker's project needs (its test folders on ``sys.path``): every service

@@ -55,6 +55,10 @@ OPTIONS: dict[str, Option] = {
                             "(one thread), async (a process per env), processes (one process per core, each a "
                             "block of slots) or threads (one thread per core; only for envs safe on threads, "
                             "see --check-threads)", ("auto", "sync", "async", "processes", "threads")),
+    "inline": Option(str, "auto", "Where a sim's envs run: auto (in each worker itself when one env-step costs "
+                     "less than a round trip to a bridge, both measured when its bridge starts; else in the "
+                     "shared bridge; an explicit --hud-vectorization, --hud-tick or --hud-io-thread keeps the bridge), always (in each worker, never a bridge) or never (always the shared bridge)",
+                     ("auto", "always", "never")),
     "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
                    "(the slots whose actions are in; independent envs only), lanes (each env process in "
                    "lockstep on its own, while the others step; processes vectorization only) or auto "
@@ -181,6 +185,7 @@ class HudSettings:
     n_action_steps: int | None = None
     policy_server: bool = False
     vectorization: str = "auto"
+    inline: str = "auto"
     tick: str = "auto"
     tick_window: float = 0.001
     io_thread: bool = False

@@ -170,6 +170,9 @@ class VectorSim:
     #: Set by the loader when ``--hud-vectorization=auto`` chose something other than ``sync``: what
     #: it chose and why (the bridge announces it; the pytest plugin shows it in its summary).
     auto_choice: str | None = None
+    #: ``--vectorization auto``'s timing of one env-step of a factory of single envs (seconds; None
+    #: when not timed): how the pool decides whether a worker runs such an env itself (``--hud-inline``)
+    env_step_s: float | None = None
     #: How this sim's slots run (the bridge announces it: what ``auto`` chose): ``native`` (it
     #: vectorizes its envs itself), ``processes`` (:class:`~pytest_hud.sim.processes.ProcessSim`), or
     #: what the loader set on the gymnasium envs it wrapped: ``sync``, ``async`` or ``threads``.

@@ -119,12 +119,14 @@ def load_sim(
             "a gymnasium VectorEnv or a pytest_hud.sim.VectorSim"
         )
     auto_note = None
+    step_s = None  # auto's timing of one env-step: a worker may run such a cheap env itself (--hud-inline)
     if asked == "auto":
         try:
-            why = _auto_processes(probe, width)
+            step_s = _env_step_seconds(probe)
+            why = _auto_processes(probe, width, step_s)
         except Exception as exc:  # noqa: BLE001 - e.g. an env that refuses random actions: a fresh one, on sync
             probe.close()
-            probe, why = make_one(), None
+            probe, why, step_s = make_one(), None, None
             auto_note = (f"auto could not time the env ({type(exc).__name__}: {exc}), so its envs step one "
                          "after another in the bridge's process (processes spreads them over the cores)")
         if why is not None:
@@ -136,6 +138,7 @@ def load_sim(
             probe.close()  # each process builds its own envs
             sim = _in_processes(target, width, kwargs, control_rate)
             sim.auto_choice = why
+            sim.env_step_s = step_s
             return sim
     if vectorization == "async":
         probe.close()  # sub-processes build their own; spawn avoids forking a GL context
@@ -146,6 +149,7 @@ def load_sim(
         sim.splittable = width > 1
         sim.auto_choice = auto_note
         sim.vectorization = "sync"
+        sim.env_step_s = step_s
         return sim
     elif vectorization == "threads":
         from pytest_hud.sim.threads import EnvThreads, default_threads
@@ -177,7 +181,7 @@ def load_sim(
 AUTO_PROCESSES_STEP_S = 1e-3
 
 
-def _auto_processes(env: Any, width: int) -> str | None:
+def _auto_processes(env: Any, width: int, per_step: float | None = None) -> str | None:
     """``--hud-vectorization=auto`` for a factory of single envs: why they go to ``processes``
     (``env``'s step costs :data:`AUTO_PROCESSES_STEP_S` or more, and the bridge has several slots
     and cores), or None to keep them in this process.
@@ -192,7 +196,8 @@ def _auto_processes(env: Any, width: int) -> str | None:
     cores = default_threads(width)
     if cores < 2:
         return None
-    per_step = _env_step_seconds(env)
+    if per_step is None:
+        per_step = _env_step_seconds(env)
     if per_step < AUTO_PROCESSES_STEP_S:
         return None
     return (f"auto chose processes: {per_step * 1e3:.1f} ms per env-step, so the {width} envs step on "

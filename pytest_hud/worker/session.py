@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -29,6 +29,9 @@ from pytest_hud.recording.recorder import Recorder
 from pytest_hud.recording.from_settings import open_recorders
 from pytest_hud.wire.rpc import RpcClient, RpcError
 from pytest_hud.core.settings import HudSettings
+
+if TYPE_CHECKING:  # imported when a worker runs its sim itself: the bridge's engine and the sim loader
+    from pytest_hud.worker.inline import InlineBridge
 
 __all__ = ["EPISODES_KEY", "SESSION_KEY", "HudSession", "SharedSim", "worker_session"]
 
@@ -241,11 +244,15 @@ class SharedSim:
         self.target = target
         self.build = build
         self.address: BridgeAddress | None = None
-        self._control: ControlClient | None = None
+        self._control: ControlClient | InlineBridge | None = None
         self._contract: Contract | None = None
+        self.inline = False  # this worker steps the sim's env itself (--hud-inline)
         self._connect()
 
     def _connect(self, replace_pid: int | None = None) -> None:
+        if self.session.settings.inline == "always":
+            self._run_inline()
+            return
         try:
             reply = self.session.pool_call("bridge", target=self.target, build=self.build,
                                            worker=self.session.worker, replace_pid=replace_pid,
@@ -253,13 +260,29 @@ class SharedSim:
         except RpcError as exc:
             raise EpisodeError(f"no bridge for sim {self.target!r}: {exc.message}") from None
         self.address = BridgeAddress.from_dict(reply)
+        if self.address.inline:  # the pool measured: one env-step costs less than a round trip
+            self._run_inline()
+            return
         if self._control is not None:
             self._control.close()
         self._control = ControlClient(self.address, timeout=30.0)
         self._contract = self._control.contract()
 
+    def _run_inline(self) -> None:
+        """Build the sim here, with one slot run by the bridge's own rules (:mod:`.inline`)."""
+        from pytest_hud.worker.inline import InlineBridge
+
+        try:
+            self._control = InlineBridge(self.target, self.build)
+        except BridgeError as exc:
+            raise EpisodeError(str(exc)) from None
+        except Exception as exc:  # the factory raised, or the target is unknown: as a bridge would say it
+            raise EpisodeError(f"cannot build sim {self.target!r} in this worker: {type(exc).__name__}: {exc}") from exc
+        self._contract = self._control.contract()
+        self.inline = True
+
     @property
-    def control(self) -> ControlClient:
+    def control(self) -> ControlClient | InlineBridge:
         assert self._control is not None
         return self._control
 
@@ -294,11 +317,25 @@ class _PluginEpisode(Episode):
         self._sim = sim
         super().__init__(sim.control, sim.contract, **task)
 
+    def open_slot(self, recv_timeout: float) -> Any:
+        if self._sim.inline:
+            return self.control.open_slot(self.token)
+        return super().open_slot(recv_timeout)
+
+    async def aopen_slot(self, recv_timeout: float) -> Any:
+        if self._sim.inline:
+            from pytest_hud.worker.inline import AsyncInlineSlot
+
+            return AsyncInlineSlot(self.control.open_slot(self.token))
+        return await super().aopen_slot(recv_timeout)
+
     def claim(self) -> Episode:
         self._sim.session.begin(self)
         try:
             return super().claim()
         except BridgeError as exc:
+            if self._sim.inline:  # no bridge to replace: the worker's own sim refused
+                raise EpisodeError(f"cannot claim an episode: {exc}") from None
             # The bridge died or is broken: ask the pool for a replacement once, then retry.
             self._sim._connect(replace_pid=self._sim.address.pid if self._sim.address else None)
             self.control, self.address, self.contract = self._sim.control, self._sim.address, self._sim.contract

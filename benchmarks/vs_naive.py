@@ -1,0 +1,138 @@
+"""pytest-hud against the naive way on cheap and state-only sims, side by side in one run.
+
+    python benchmarks/vs_naive.py [--suites cartpole-n2,cartpole-n8,meta_world-n2] [--repeats 2]
+
+(``meta_world`` needs Meta-World: run it in a venv that has it, with this checkout first on
+``PYTHONPATH``.) Each suite is the same parametrized episodes written twice:
+
+- **pytest-hud**: ``pytest -n W --hud-width=W`` with ``shared_sim`` and ``robot_agent`` as a user
+  writes them, everything else left to its defaults (``--hud-inline=auto`` and
+  ``--hud-vectorization=auto`` choose where the envs run, and the summary's note says what they chose);
+- **naive**: ``pytest -n W -p no:hud``, each test building its own env and policy in-process and
+  looping there, as hand-written eval suites do (``naive_support.py``).
+
+Suites: ``cartpole`` (200 episodes of CartPole-v1, a linear policy; an env-step of microseconds),
+``meta_world`` (Meta-World MT10 from state with its scripted experts, 4 seeds per task; an
+env-step of about a millisecond). The two sides alternate ``--repeats`` times; the ratio printed is
+naive wall / pytest-hud wall of the fastest run of each (>= 1.0: pytest-hud is no slower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EVALS = ROOT / "evals"
+BENCH = ROOT / "benchmarks"
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+
+MT10 = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
+        "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3")
+
+SUITES = {  # name: (pytest-hud test file, naive test file)
+    "cartpole": ('''
+import pytest
+
+@pytest.mark.hud(sim={sims!r} + ":cartpole", policy={policies!r} + ":cartpole")
+@pytest.mark.parametrize("seed", range(200))
+def test_balance(shared_sim, robot_agent, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed))
+    assert result.success
+''', '''
+import sys
+sys.path.insert(0, {bench!r})
+import pytest
+from naive_support import build_env, build_policy, run_episode
+
+@pytest.mark.parametrize("seed", range(200))
+def test_balance(seed):
+    env = build_env({sims!r} + ":cartpole")  # its own env and policy per test
+    policy = build_policy({policies!r} + ":cartpole", env)
+    info = run_episode(env, policy, seed)
+    env.close()
+    assert info.get("is_success")
+'''),
+    "meta_world": ('''
+import pytest
+
+@pytest.mark.hud(sim={sims_mw!r} + ":meta_world", build={{"tasks": "MT10"}},
+                 policy={policies_mw!r} + ":expert")
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("task", {mt10!r})
+def test_mt10(shared_sim, robot_agent, task, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed, task=task))
+    assert result.success
+''', '''
+import sys
+sys.path.insert(0, {bench!r})
+import pytest
+from naive_support import build_env, build_policy, run_episode
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("task", {mt10!r})
+def test_mt10(task, seed):
+    env = build_env({sims_mw!r} + ":single_task", task=task)  # its own env and policy per test
+    policy = build_policy({policies_mw!r} + ":expert", env)
+    info = run_episode(env, policy, seed, prompt=task)
+    env.close()
+    assert info.get("success")
+'''),
+}
+
+
+def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    tail = out.stdout.strip().splitlines()[-1:] or [out.stderr.strip()[-300:]]
+    if "passed" not in tail[0]:
+        print(f"    (run ended: {tail[0]})")
+    return wall, out.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suites", default="cartpole-n2,cartpole-n8,meta_world-n2",
+                        help="Comma-separated SUITE-nW (suites: cartpole, meta_world)")
+    parser.add_argument("--repeats", type=int, default=2, help="Runs of each side, alternating")
+    args = parser.parse_args()
+    fill = {"sims": str(EVALS / "sims" / "classic.py"), "policies": str(EVALS / "policies" / "numpy_policies.py"),
+            "sims_mw": str(EVALS / "sims" / "meta_world.py"),
+            "policies_mw": str(EVALS / "policies" / "meta_world_experts.py"), "mt10": MT10, "bench": str(BENCH)}
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    # as users run Python: compiled modules cached (pytest-hud's, assert-rewritten as a plugin's, too)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    print(f"pytest-hud vs the naive way ({os.cpu_count()} cores; wall seconds, fastest of {args.repeats})")
+    rows = []
+    for entry in args.suites.split(","):
+        suite, _, workers = entry.partition("-n")
+        hud_src, naive_src = SUITES[suite]
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            (tmp / "hud").mkdir()
+            (tmp / "naive").mkdir()
+            (tmp / "hud" / f"test_{suite}.py").write_text(hud_src.format(**fill))
+            (tmp / "naive" / f"test_{suite}_naive.py").write_text(naive_src.format(**fill))
+            base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers]
+            hud, naive, notes = [], [], set()
+            for _ in range(args.repeats):
+                wall, out = timed(base + [f"--hud-width={workers}", f"--hud-results={tmp / 'r.jsonl'}",
+                                          str(tmp / "hud")], tmp / "hud")
+                hud.append(wall)
+                notes.update(re.findall(r"--hud-inline=auto: (each worker steps its own env)", out))
+                naive.append(timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp / "naive")[0])
+        where = "envs in the workers (inline)" if notes else "shared bridge"
+        rows.append((f"{suite} -n {workers}", min(naive), min(hud), where))
+        print(f"  {rows[-1][0]:<16} naive {min(naive):6.2f} s  pytest-hud {min(hud):6.2f} s  "
+              f"naive / pytest-hud {min(naive) / min(hud):5.2f}  ({where})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

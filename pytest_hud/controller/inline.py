@@ -1,0 +1,52 @@
+"""Whether a worker runs a sim's env itself (``--hud-inline``) instead of sharing the bridge's.
+
+A step through a shared bridge costs the worker a round trip (its action out, the observation
+back) on top of the env-step. When the env-step itself costs less than that round trip (CartPole,
+MountainCar, small state-only sims), the bridge's hand-offs are most of an episode's time, and a
+worker that steps its own env is faster: ``auto`` decides so by measuring both when the bridge
+starts (the bridge times its env's first steps; the pool times round trips to its control channel),
+never by a list of sim names. The episodes are the same either way: a worker runs the bridge's own
+slot rules on one slot of its own (:mod:`pytest_hud.worker.inline`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_hud.client.bridge import BridgeAddress, BridgeError, ControlClient
+
+__all__ = ["inline_choice", "inline_wins"]
+
+
+def inline_wins(env_step_s: float, round_trip_s: float) -> bool:
+    """Whether one env-step costs less than one round trip to the bridge (both in seconds).
+
+    >>> inline_wins(20e-6, 90e-6), inline_wins(2e-3, 90e-6)
+    (True, False)
+    """
+    return env_step_s < round_trip_s
+
+
+def inline_choice(spec: Any, target: str, announce: dict[str, Any], address: BridgeAddress) -> str | None:
+    """Why the workers run ``target``'s env themselves, or None to keep the shared bridge
+    (``spec``: the pool's :class:`~pytest_hud.controller.bridges.BridgeSpec`).
+
+    Only ``--hud-inline=auto`` decides, and only where the bridge's layout is left to ``auto`` too:
+    an explicit ``--hud-vectorization``, ``--hud-tick`` or ``--hud-io-thread`` asks for a bridge
+    (``always`` never starts one, ``never`` keeps it). A bridge
+    elsewhere (``node``: placed on another machine) is kept, as is a sim the bridge did not time (a
+    factory that vectorizes its envs itself, a multi-task sim)."""
+    step_s = announce.get("env_step_s")
+    if (spec.inline != "auto" or spec.vectorization != "auto" or spec.tick != "auto" or spec.io_thread
+            or step_s is None or address.node is not None):
+        return None
+    try:
+        with ControlClient(address, timeout=10.0) as control:
+            round_trip_s = control.round_trip_s()
+    except (BridgeError, OSError):
+        return None  # a bridge that cannot answer now keeps the episodes it was started for
+    if not inline_wins(float(step_s), round_trip_s):
+        return None
+    return (f"{target}: --hud-inline=auto: each worker steps its own env, since one env-step "
+            f"({float(step_s) * 1e6:.0f} µs) costs less than a round trip to the bridge "
+            f"({round_trip_s * 1e6:.0f} µs); --hud-inline=never keeps the shared bridge")

@@ -1,0 +1,217 @@
+"""A sim run inside this worker (``--hud-inline``): the bridge's slot rules on one slot of its own.
+
+When one env-step costs less than a round trip to a shared bridge (CartPole, MountainCar, small
+state-only sims), a worker steps its own env: :class:`InlineBridge` is what :class:`ControlClient`
+and :class:`SlotClient` are to a bridge process, without a process or a socket. It builds the sim
+as a bridge's loader does (one slot) and runs the same :class:`~pytest_hud.bridge.engine.BridgeEngine`
+for claims, seeds, resets and grades; each step checks the action as the bridge does, steps the env
+as the bridge's sim steps a slot's env, tallies the episode by the bridge's rules (return, latched
+success, score, the end) and hands the agent the frame it would have read off the wire. So an
+episode's steps, return and success are those of the same claim on a bridge, whatever the worker
+or the width (``tests/e2e/test_inline_sims.py`` runs the same episodes both ways).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from pytest_hud.bridge.engine import BridgeEngine, Timeouts
+from pytest_hud.bridge.failures import SlotError, SlotFailure, TaskError
+from pytest_hud.bridge.simcalls import explain, reset_and_observe
+from pytest_hud.bridge.slots import SlotState
+from pytest_hud.client.protocol import BridgeError, Claim, action_frame, read_frame
+from pytest_hud.core.contract import Contract, ContractError
+from pytest_hud.sim.base import SUCCESS_KEYS
+from pytest_hud.sim.target import load_sim
+from pytest_hud.wire.codec import packb, unpack_action
+
+__all__ = ["AsyncInlineSlot", "InlineBridge", "InlineSlot"]
+
+_OWNER = 0  # the one "control connection": this worker
+
+
+class InlineBridge:
+    """``target``'s sim with one slot, in this process; the control calls of a bridge (``contract``,
+    ``claim``, ``result``, ``release``, ``stats``) and :meth:`open_slot` for an episode's steps."""
+
+    address = None  # no process, no socket
+
+    def __init__(self, target: str, build: dict[str, Any], timeouts: Timeouts | None = None) -> None:
+        self.target = target
+        self.sim = load_sim(target, 1, "sync", build)
+        try:
+            if not (self.sim.supports_slot_reset and getattr(self.sim, "isolates_slots", False)):
+                raise BridgeError(f"{target} is not a factory of single envs, so it cannot run in a worker; "
+                                  "use --hud-inline=never")
+            self._contract = self.sim.contract()
+            self.engine = BridgeEngine(1, self._contract, self.sim.hold_action(), build_args=build,
+                                       timeouts=timeouts, tasks=tuple(getattr(self.sim, "tasks", ()) or ()),
+                                       instructions=getattr(self.sim, "instructions", None) or {},
+                                       instruction=getattr(self.sim, "instruction", None),
+                                       claims=self.sim.claim_rules)
+        except BaseException:
+            self.sim.close()
+            raise
+        self.info = {"inline": True, "width": 1, "target": target, "build": build, "vectorization": "inline"}
+        self.started = time.monotonic()
+
+    def contract(self) -> Contract:
+        return self._contract
+
+    def claim(self, wait: float = 0.0, **task: Any) -> Claim:
+        engine = self.engine
+        try:
+            task = engine.check_task(task)
+        except TaskError as exc:
+            raise BridgeError(str(exc)) from None
+        if engine.broken:
+            raise BridgeError(f"the sim is broken: {engine.broken_reason}")
+        if not engine.can_claim():
+            raise BridgeError("this worker's own sim runs one episode at a time, and one is running; "
+                              "finish it first, or use --hud-inline=never for concurrent episodes")
+        slot = engine.claim(_OWNER, task)
+        return Claim(slot.token, slot.index, slot.prompt, slot.seed, slot.task.get("task"))
+
+    reset = claim
+
+    def result(self, token: str) -> dict[str, Any]:
+        slot = self._owned(token)
+        grade = self.engine.grade(slot)
+        self.engine.release(slot, "episode graded")
+        return json.loads(json.dumps(grade))  # as it crosses a bridge's control channel
+
+    def release(self, token: str) -> dict[str, Any]:
+        slot = self._owned(token)
+        self.engine.release(slot, "token released")
+        return {"released": True, "slot": slot.index}
+
+    def _owned(self, token: str) -> Any:
+        try:
+            return self.engine.owned(_OWNER, token)
+        except SlotError as exc:
+            raise BridgeError(str(exc)) from None
+
+    def stats(self) -> dict[str, Any]:
+        engine = self.engine
+        return {"width": 1, "target": self.target, "build": engine.build_args, "broken": engine.broken,
+                "ticks": engine.ticks, "env_steps": engine.env_steps, "slot_steps": engine.slot_steps,
+                "episodes": engine.episodes, "uptime_s": time.monotonic() - self.started,
+                "vectorization": "inline", "slots": engine.snapshot()}
+
+    def open_slot(self, token: str | None) -> InlineSlot:
+        return InlineSlot(self, token)
+
+    def close(self) -> None:
+        self.sim.close()
+
+
+class InlineSlot:
+    """One episode's steps on an :class:`InlineBridge` (what :class:`SlotClient` is to a bridge)."""
+
+    def __init__(self, bridge: InlineBridge, token: str | None) -> None:
+        self.bridge = bridge
+        engine, sim = bridge.engine, bridge.sim
+        try:
+            self.slot = engine.bind(engine.open(time.monotonic()), {"claim": token})
+            plan = engine.plan_reset([self.slot])
+            try:
+                flags, rows, faults = reset_and_observe(sim, plan.indices, plan.seeds, plan.options, plan.tasks,
+                                                        plan.rebuild)
+                if faults:
+                    raise RuntimeError("\n".join(faults.values()))
+            except Exception:
+                failure, _ = engine.reset_failed(plan, explain(traceback.format_exc()))
+                raise failure from None
+            engine.apply_reset(plan, flags, rows)
+            frame = engine.start(self.slot, time.monotonic())
+        except SlotFailure as failure:
+            raise BridgeError(str(failure)) from None
+        self.metadata = {"claim_required": True, "width": 1, "inline": True}
+        self.first_observation = read_frame(packb(frame), "first observation")
+
+    def step(self, action: Any) -> dict[str, Any]:
+        """One action (``[A]``) in, the next observation frame out, as through a bridge.
+
+        The bridge's per-step path without its batch plumbing (one slot has no batch): the action
+        as the wire delivers it, checked by the contract; the env stepped as the bridge's sim steps
+        a slot's env (:meth:`GymSim.step_slots`); the episode tallied as :meth:`TickRules.apply_batch`
+        tallies a slot (steps, return, latched success, score, the end); the frame as the wire
+        reads it (the features' rows as read-only arrays, the reward a float32)."""
+        engine, slot, sim = self.bridge.engine, self.slot, self.bridge.sim
+        if slot.state is not SlotState.LIVE:
+            raise BridgeError(engine.late_frame(slot).args[0] if slot.failure is None else str(slot.failure))
+        arr = np.asarray(action)
+        if arr.dtype.kind not in "biuf":  # what the wire would make of it, exactly
+            arr = unpack_action(action_frame(action))["actions"]
+        try:
+            action = engine.contract.coerce_action(arr)
+        except ContractError as exc:
+            raise BridgeError(str(engine.refuse_action(slot, str(exc)))) from None
+        except Exception as exc:  # noqa: BLE001 - numpy refuses some values: the agent's error, as on a bridge
+            raise BridgeError(str(engine.refuse_action(
+                slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})"))) from None
+        try:
+            obs, reward, terminated, truncated, info = sim.env.envs[0].step(action)  # the GymSim's one env
+        except Exception:  # this episode fails; a fresh env serves the next, as a bridge rebuilds one
+            why = explain(traceback.format_exc())
+            failure = f"slot {slot.index}: sim raised during step: {why.splitlines()[-1]}\n{why}"
+            engine._end(slot, failure, None)
+            try:
+                sim.rebuild_slot(0)
+            except Exception:  # noqa: BLE001 - no env to go on with: later claims hear why
+                engine._mark_broken(traceback.format_exc())
+            raise BridgeError(failure) from None
+        sim._write_row(0, obs)
+        reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+        slot.steps += 1
+        slot.total_reward += reward
+        engine.ticks += 1
+        engine.env_steps += 1
+        engine.slot_steps += 1
+        if info:
+            if any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None):  # as GymSim reads it
+                slot.success = True  # latched: a later step cannot take it back
+            score = info.get("score")
+            if score is not None and not math.isnan(float(score)):
+                slot.score = float(score)
+        done = terminated or truncated
+        if done:
+            slot.terminated, slot.truncated = terminated, truncated
+            slot.state, slot.deadline = SlotState.DONE, None
+        frame: dict[str, Any] = {}
+        for key, rows in sim.observe().items():
+            row = rows[0].copy()
+            row.flags.writeable = False
+            frame[key] = row
+        frame["reward"] = np.float32(reward)
+        frame["terminated"], frame["truncated"], frame["success"] = done, truncated, slot.success
+        return frame
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> InlineSlot:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncInlineSlot:
+    """:class:`InlineSlot` for ``Agent.arun`` (what :class:`AsyncSlotClient` is to a bridge): the
+    steps run in the calling thread, as cheap as they are (that is why the env runs here)."""
+
+    def __init__(self, slot: InlineSlot) -> None:
+        self._slot = slot
+        self.metadata, self.first_observation = slot.metadata, slot.first_observation
+
+    async def step(self, action: Any) -> dict[str, Any]:
+        return self._slot.step(action)
+
+    async def close(self) -> None:
+        self._slot.close()

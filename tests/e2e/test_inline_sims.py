@@ -1,0 +1,182 @@
+"""Cheap sims run in the worker itself (``--hud-inline``): the same episodes as through a bridge.
+
+Real runs (pytester subprocesses, xdist workers, real bridges where they are used): ``auto`` picks
+the worker for an env whose step costs less than a round trip to the bridge (CartPole, Pendulum),
+keeps the shared bridge for one whose step costs more, and either way every seed's episode is the
+same, whatever the workers and the width.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_hud.core.results import load_results
+
+pytestmark = pytest.mark.timeout(300)
+
+SIMS = '''
+import time
+import gymnasium as gym
+
+class Success(gym.Wrapper):
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        info["is_success"] = bool(truncated and not terminated)
+        return obs, reward, terminated, truncated, info
+
+def cartpole(max_steps=80):
+    return Success(gym.make("CartPole-v1", max_episode_steps=max_steps))
+
+def pendulum(max_steps=30):
+    return Success(gym.make("Pendulum-v1", max_episode_steps=max_steps))
+
+class Slow(gym.Wrapper):
+    """A step that costs far more than any round trip to a bridge."""
+    def step(self, action):
+        time.sleep(0.02)
+        return self.env.step(action)
+
+def slow_cartpole(max_steps=4):
+    return Success(Slow(gym.make("CartPole-v1", max_episode_steps=max_steps)))
+'''
+
+POLICIES = '''
+import numpy as np
+
+def tilt():
+    """Weak on purpose: episode lengths then depend on the seed."""
+    return lambda obs: int(obs["state"][2] > 0)
+
+def swing():
+    return lambda obs: np.array([np.tanh(3.0 * obs["state"][1])], np.float32) * 2.0
+'''
+
+TESTS = '''
+import json, os
+import pytest
+
+@pytest.mark.hud(sim="sims:cartpole", policy="policies:tilt")
+@pytest.mark.parametrize("seed", range(8))
+def test_cartpole(shared_sim, robot_agent, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed))
+    with open(f"where-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.txt", "a") as fh:
+        fh.write(json.dumps(["cartpole", shared_sim.inline]) + "\\n")
+    assert result.success
+
+@pytest.mark.hud(sim="sims:pendulum", policy="policies:swing")
+@pytest.mark.parametrize("seed", range(4))
+def test_pendulum(shared_sim, robot_agent, seed):
+    robot_agent.run(shared_sim.episode(seed=seed))
+    with open(f"where-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.txt", "a") as fh:
+        fh.write(json.dumps(["pendulum", shared_sim.inline]) + "\\n")
+'''
+
+SLOW = '''
+import json, os
+import pytest
+
+@pytest.mark.hud(sim="sims:slow_cartpole", policy="policies:tilt")
+@pytest.mark.parametrize("seed", range(2))
+def test_slow(shared_sim, robot_agent, seed):
+    robot_agent.run(shared_sim.episode(seed=seed))
+    with open(f"where-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.txt", "a") as fh:
+        fh.write(json.dumps(["slow", shared_sim.inline, shared_sim.stats().get("pid")]) + "\\n")
+'''
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(sims=SIMS, policies=POLICIES)
+    return pytester
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=240)
+
+
+def where(pytester: pytest.Pytester) -> list[list]:
+    """What each test wrote: its sim and whether its worker ran the sim itself; files cleared."""
+    out = []
+    for path in sorted(pytester.path.glob("where-*.txt")):
+        out += [json.loads(line) for line in path.read_text().splitlines()]
+        path.unlink()
+    return out
+
+
+def episodes(path) -> dict:
+    """Each episode as its results line defines and grades it (not where, when or how fast it ran)."""
+    return {(r.task, r.seed): (r.outcome, r.steps, r.total_reward, r.success, r.score, r.claim,
+                               r.identity, r.contract, r.extra.get("terminated"), r.extra.get("truncated"))
+            for r in load_results(path).episodes}
+
+
+def test_the_same_episodes_run_in_the_worker_and_through_the_bridge_under_any_workers_and_width(project):
+    project.makepyfile(test_both=TESTS)
+    runs = {
+        "bridge-n0": ["-p", "no:xdist", "--hud-inline=never"],
+        "bridge-n3w2": ["-n", "3", "--hud-width=2", "--hud-inline=never"],
+        "auto-n2": ["-n", "2"],
+        "auto-n0": ["-p", "no:xdist"],
+        "always-n3w3": ["-n", "3", "--hud-width=3", "--hud-inline=always"],
+    }
+    seen, ran_inline = {}, {}
+    for name, args in runs.items():
+        result = run(project, *args, f"--hud-results={name}.jsonl")
+        assert result.ret in (0, 1), result.stdout.str()
+        seen[name] = episodes(project.path / f"{name}.jsonl")
+        ran_inline[name] = {inline for _, inline in where(project)}
+        if name.startswith("auto"):  # the choice is said, with what it measured
+            result.stdout.fnmatch_lines(["note: sims:cartpole: --hud-inline=auto: each worker steps its own env, "
+                                         "since one env-step (* µs) costs less than a round trip to the bridge*"])
+    assert ran_inline == {"bridge-n0": {False}, "bridge-n3w2": {False}, "auto-n2": {True}, "auto-n0": {True},
+                          "always-n3w3": {True}}
+    reference = seen["bridge-n0"]
+    assert len(reference) == 12
+    assert len({steps for _, steps, *_ in reference.values()}) > 2  # the seeds really differ
+    assert {outcome for outcome, *_ in reference.values()} == {"passed", "failed"}
+    for name, got in seen.items():
+        assert got == reference, name
+
+
+def test_auto_keeps_the_shared_bridge_for_a_sim_whose_step_costs_more_than_a_round_trip(project):
+    project.makepyfile(test_slow=SLOW)
+    result = run(project, "-n", "2", "--hud-width=2", "--hud-results=r.jsonl")
+    assert result.ret in (0, 1), result.stdout.str()
+    said = where(project)
+    assert [inline for _, inline, _ in said] == [False, False]
+    assert len({pid for *_, pid in said}) == 1 and said[0][2]  # one bridge process served both workers
+    assert "--hud-inline=auto" not in result.stdout.str()
+    assert len(load_results(project.path / "r.jsonl").episodes) == 2
+
+
+def test_a_worker_that_cannot_build_the_sim_itself_errs_those_episodes_with_the_reason(project):
+    project.makepyfile(test_both=TESTS.replace('sim="sims:pendulum"', 'sim="sims:no_such_factory"'))
+    result = run(project, "-n", "2", "--hud-inline=always", "--hud-results=r.jsonl")
+    assert result.parseoutcomes().get("errors") == 4, result.stdout.str()
+    result.stdout.fnmatch_lines(["*cannot build sim 'sims:no_such_factory' in this worker*no attribute*"])
+    assert {tuple(w) for w in where(project)} == {("cartpole", True)}
+
+
+ASYNC = '''
+import pytest
+
+@pytest.mark.asyncio
+@pytest.mark.hud(sim="sims:cartpole", policy="policies:tilt")
+@pytest.mark.parametrize("seed", range(4))
+async def test_cartpole(shared_sim, robot_agent, seed):
+    result = await robot_agent.arun(shared_sim.episode(seed=seed))
+    assert result.success
+'''
+
+
+def test_asyncio_episodes_are_the_same_in_the_worker_and_through_the_bridge(project):
+    project.makepyfile(test_async=ASYNC)
+    project.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    seen = {}
+    for inline in ("never", "always"):
+        result = run(project, "-p", "no:xdist", f"--hud-inline={inline}", f"--hud-results={inline}.jsonl")
+        assert result.ret in (0, 1), result.stdout.str()
+        seen[inline] = episodes(project.path / f"{inline}.jsonl")
+    assert len(seen["never"]) == 4 and seen["always"] == seen["never"]

@@ -1,0 +1,58 @@
+"""Where a run's first seconds went: the ``startup`` summary line and the results file's figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_hud.controller.startup import StartupClock
+
+pytestmark = pytest.mark.timeout(240)
+
+SUITE = '''
+import gymnasium as gym
+import pytest
+
+def cartpole():
+    return gym.make("CartPole-v1", max_episode_steps=20)
+
+def push_right():
+    return lambda obs: 1
+
+@pytest.mark.hud(sim="test_suite.py:cartpole", policy="test_suite.py:push_right")
+@pytest.mark.parametrize("seed", range(4))
+def test_episode(shared_sim, robot_agent, seed):
+    robot_agent.run(shared_sim.episode(seed=seed))
+'''
+
+
+@pytest.mark.parametrize("inline", ["never", "always"])
+def test_a_run_says_when_its_workers_collection_bridge_and_first_episode_came(pytester, inline):
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", f"--hud-inline={inline}",
+                                           "--hud-results=r.jsonl", timeout=200)
+    result.assert_outcomes(passed=4)
+    bridge = " · bridge for 'test_suite.py:cartpole' *→* s" if inline == "never" else ""
+    result.stdout.fnmatch_lines([f"startup (s since pytest started): workers up * s · collected * s{bridge}"
+                                 " · first episode * s · first result * s"])
+    summary = json.loads((pytester.path / "r.jsonl").read_text().splitlines()[-1])
+    startup = summary["provenance"]["startup"]
+    # in the order they happen: pytest starts, its workers come up and collect, the first episode runs
+    assert 0 < startup["workers_up_s"] <= startup["collected_s"] <= startup["first_episode_started_s"] \
+        <= startup["first_result_s"], startup
+    services = startup.get("services", [])
+    assert [s["what"] for s in services] == (["bridge for 'test_suite.py:cartpole'"] if inline == "never" else [])
+    for service in services:  # started once a worker declared the sim, ready before the first episode
+        assert 0 < service["started_s"] <= service["ready_s"] <= startup["first_episode_started_s"]
+
+
+def test_the_clock_keeps_the_last_of_some_marks_and_the_first_of_others():
+    clock = StartupClock(origin=10.0)
+    clock.mark("collected", 11.0)
+    clock.mark("collected", 12.5)  # the last worker to collect
+    clock.first("first_result", 14.0)
+    clock.first("first_result", 15.0)
+    assert clock.to_dict() == {"collected_s": 2.5, "first_result_s": 4.0}
+    assert clock.line([("policy server for 'ckpt'", 10.5, 13.0)]) == \
+        "collected 2.5 s · policy server for 'ckpt' 0.5→3.0 s · first result 4.0 s"
