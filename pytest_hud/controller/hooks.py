@@ -296,27 +296,30 @@ class HudController:
         self._progress()
 
     def _progress(self) -> None:
-        """Every few seconds, one line with each task's running success rate (controller side)."""
+        """Every few seconds, one line: episodes done of the total, rate, time left, and each task's
+        running success with its interval (:mod:`~pytest_hud.controller.progress`); the same line
+        goes into the results file as a ``progress`` record, for tools that tail it."""
+        from pytest_hud.controller.progress import progress_record
+
         interval = self.settings.progress_interval or 0
         now = time.monotonic()
         if interval <= 0 or now - self._last_progress < interval:
             return
+        self._last_progress = now
+        with self._lock:
+            progress = self.ledger.progress(time.time())
+        writer = self.writer
+        if writer is not None:
+            with self._writer_lock:
+                writer.progress(progress_record(progress))
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         if tr is None:
             return
-        self._last_progress = now
-        declared = self.ledger.declared_by_task()
-        parts = []
-        for task, s in self.tasks().items():
-            rate = "-" if s.success_rate is None else f"{100 * s.success_rate:.0f}%"
-            done = s.n + s.errors + s.skipped
-            parts.append(f"{task.rsplit('::', 1)[-1]} {rate} ({done}/{declared.get(task, done)}"
-                         + (f", {s.errors} err" if s.errors else "") + ")")
         # Start a fresh line (under xdist the dots row has no file path, so write_line alone would
         # not) so pytest's own progress dots and percentages stay intact around ours.
         if getattr(tr._tw, "width_of_current_line", 0):
             tr._tw.line()
-        tr.write_line("hud progress: " + "; ".join(parts), cyan=True)
+        tr.write_line(progress.line(), cyan=True)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

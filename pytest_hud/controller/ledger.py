@@ -15,6 +15,7 @@ from typing import Any
 from pytest_hud.gate import (
     COMPARED, GateConfig, Verdict, evaluate_gate, outcomes_from_records, outcomes_from_results,
 )
+from pytest_hud.controller.progress import Progress
 from pytest_hud.core.results import EpisodeRecord, Results, TaskSummary, aggregate, to_builtin
 
 __all__ = ["Ledger"]
@@ -40,6 +41,8 @@ class Ledger:
         self.floors: dict[str, float] = {}  # task -> min_success from markers
         self.shard: dict[str, Any] | None = None  # --hud-shard: {"index", "count", "suite": {task: [episodes]}}
         self._sequential_tests: dict[str, Any] = {}
+        self.ran = 0  # episodes that ran here (not skipped, not reused from a resumed file)
+        self.first_start: float | None = None  # epoch seconds when the first of them started
 
     @property
     def deselected(self) -> set[str]:
@@ -71,6 +74,10 @@ class Ledger:
     def add(self, record: EpisodeRecord) -> None:
         """An episode's record (the last one of a test id wins); feeds its task's sequential test."""
         self.records[record.nodeid] = record
+        if not record.reused and record.outcome != "skipped" and record.finished_at is not None:
+            self.ran += 1
+            start = record.finished_at - (record.duration_s or 0.0)
+            self.first_start = start if self.first_start is None else min(self.first_start, start)
         self._feed_sequential(record)
 
     def crashed(self, nodeid: str, message: str) -> EpisodeRecord | None:
@@ -156,6 +163,13 @@ class Ledger:
 
     def tasks(self, wall_s: float | None = None) -> dict[str, TaskSummary]:
         return aggregate(self.records.values(), self.declared_by_task(), wall_s)
+
+    def progress(self, now: float) -> Progress:
+        """Where the run stands at epoch time ``now`` (the live progress line)."""
+        elapsed = 0.0 if self.first_start is None else max(0.0, now - self.first_start)
+        done = len(self.records)
+        return Progress(done=done, total=max(len(self.declared), done), ran=self.ran, elapsed_s=elapsed,
+                        tasks=self.tasks())
 
     def coverage(self) -> dict[str, Any]:
         declared = set(self.declared)
