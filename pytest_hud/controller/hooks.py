@@ -21,10 +21,12 @@ import os
 import secrets
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -32,7 +34,7 @@ import pytest
 from pytest_hud.controller.inputs import RunInputs
 from pytest_hud.controller.ledger import Ledger
 from pytest_hud.controller.provenance import PolicyHashes, provenance
-from pytest_hud.controller.results_file import results_paths, settle_baseline
+from pytest_hud.controller.results_file import episodes_written, results_paths, settle_baseline
 from pytest_hud.core.specs import portable_spec
 from pytest_hud.core.results import EpisodeRecord, ResultsWriter
 from pytest_hud.core.settings import HudSettings
@@ -57,13 +59,15 @@ class HudController:
         self.run_id = secrets.token_hex(8)
         self.started = time.monotonic()
         self.ledger = Ledger(inputs.gate_config, inputs.baseline, inputs.resumable,
-                             sequential=settings.sequential, gated_by_file=bool(settings.gate))
+                             sequential=settings.sequential, gated_by_file=bool(settings.gate),
+                             read_back=self._read_back)
         self.verdicts: list[Any] | None = None
         self.other_failures = 0
         self.usage_error: str | None = None  # a declaration the run cannot gate: nothing runs, nothing is written
         self.baseline_note: str | None = None  # where the results went when they are the baseline too
         self._last_progress = time.monotonic()
         self.recording: dict[str, Any] | None = None
+        self._sensitivity: list[Any] | None = None  # computed once the run has finished
 
         # Everything above only read; from here on the run has side effects (all inputs are valid).
         self._lock = threading.Lock()
@@ -99,11 +103,18 @@ class HudController:
         self._old_sigterm = _sigterm_as_interrupt()
         self.results_path: Path | None = None
         self.baseline_path: Path | None = None  # set when the results file is the baseline too
+        self._spool: tempfile.TemporaryDirectory | None = None
         if settings.results:
             self.results_path = config.invocation_params.dir / settings.results
             self.results_path, self.baseline_path = results_paths(self.results_path, settings.baseline,
                                                                   config.invocation_params.dir)
+        else:
+            # No results file asked for: the records still go to disk, not to memory (removed at the end).
+            self._spool = tempfile.TemporaryDirectory(prefix="pytest-hud-")
+            self.results_path = Path(self._spool.name) / "episodes.jsonl"
         self.writer: ResultsWriter | None = None  # opened with the first record: a run of nothing writes nothing
+        self._episodes_from = 0  # where this run's episode lines start in the results file
+        self._in_flight: dict[str, pytest.TestReport] = {}  # nodeid -> its episode's report, until teardown
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -125,7 +136,23 @@ class HudController:
                     declared, deselected = self.ledger.declared_ids(), self.ledger.deselected_ids()
                 self.writer = ResultsWriter(self.results_path, self.provenance, self.run_id, append=resuming_here,
                                             declared=declared, deselected=deselected)
+                self._episodes_from = self.writer.path.stat().st_size
             return self.writer
+
+    def _read_back(self) -> Iterable[EpisodeRecord]:
+        """The episode records this run wrote (the ledger keeps tallies, not records)."""
+        with self._writer_lock:
+            writer = self.writer
+        if writer is None:
+            return []
+        return list(episodes_written(writer.path, self._episodes_from))
+
+    @property
+    def results_file(self) -> Path | None:
+        """The results file the user asked for (None when the records only go to a private spool)."""
+        if self._spool is not None:
+            return None
+        return self.writer.path if self.writer is not None else self.results_path
 
     def workerinput(self) -> dict[str, Any]:
         """What a worker needs to reach the pool (builtin types: it crosses the xdist channel)."""
@@ -146,6 +173,10 @@ class HudController:
         empty for a run without axes. Holm's alpha is the gate's."""
         from pytest_hud.core.sensitivity import sensitivity_tables
 
+        if self._sensitivity is not None:
+            return self._sensitivity
+        if not self.ledger.has_axes:
+            return []
         with self._lock:
             records = list(self.records.values())
         return sensitivity_tables(records, alpha=self.ledger.gate_config.alpha, per_task=True)
@@ -264,8 +295,15 @@ class HudController:
 
         return episode_teststatus(report)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport):
+        self._record_report(report)  # before any other plugin sees the report
+        try:
+            return (yield)
+        finally:
+            self._lighten(report)
+
+    def _record_report(self, report: pytest.TestReport) -> None:
         data = getattr(report, "hud_episode", None)
         if data:
             worker = getattr(getattr(report, "node", None), "gateway", None)
@@ -283,6 +321,21 @@ class HudController:
             if record is not None:
                 self._add(record)
                 report.hud_episode = record.to_dict()  # counted as an error
+
+    def _lighten(self, report: pytest.TestReport) -> None:
+        """Once every plugin has seen an episode's reports (its teardown included: pytest-html
+        reads the call report's episode then), drop their per-episode payload. pytest keeps every
+        report until the run ends; the records are in the results file and the tallies."""
+        if isinstance(getattr(report, "hud_episode", None), dict):
+            if report.when in ("setup", "call"):
+                self._in_flight[report.nodeid] = report
+                return
+            _lighten_report(report)  # xdist's report of a crashed worker: no teardown follows
+        if report.when == "teardown":
+            carrier = self._in_flight.pop(report.nodeid, None)
+            if carrier is not None:
+                _lighten_report(carrier)
+                _lighten_report(report)
 
     def _add(self, record: EpisodeRecord) -> None:
         if not record.reused:
@@ -346,8 +399,8 @@ class HudController:
                 session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
             add_gate_cases(self.config, self.verdicts, strict=self.settings.strict)
         gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
-        tables = self.sensitivity()
-        if self.records or self.ledger.declared or self.ledger.shard is not None:
+        tables = self._sensitivity = self.sensitivity()
+        if self.ledger.reported or self.ledger.declared or self.ledger.shard is not None:
             # (A shard with no episodes of its own still writes its file: the merge expects it.)
             self._step_summary()
             writer = self._write()
@@ -426,7 +479,7 @@ class HudController:
         return [
             f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} tick={s.tick} "
             f"policy={s.policy or '(per test)'} ({where})",
-        ] + ([f"hud: results -> {self.results_path}"] if self.results_path else []) + (
+        ] + ([f"hud: results -> {self.results_path}"] if self._spool is None and self.results_path else []) + (
             [f"hud: shard {s.shard_spec} (a stable partition of the suite's episodes)"] if s.shard else [])
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -435,12 +488,12 @@ class HudController:
                 f"hud: shard {self.settings.shard_spec} has no episodes of its own (the suite's "
                 f"{sum(map(len, self.ledger.shard['suite'].values()))} episodes went to other shards); "
                 f"its results file is written for the merge")
-        if self.usage_error is not None or (not self.records and not self.ledger.declared):
+        if self.usage_error is not None or (not self.ledger.reported and not self.ledger.declared):
             return
         from pytest_hud.report.terminal import write_summary
 
         write_summary(terminalreporter, self.tasks(), self.verdicts, self.coverage(),
-                      results=str(self.writer.path) if self.writer is not None else None,
+                      results=str(self.results_file) if self.writer is not None and self.results_file else None,
                       recording=self.recording, baseline=self.settings.baseline,
                       other_failures=self.other_failures, strict=self.settings.strict,
                       baseline_note=self.baseline_note,
@@ -457,6 +510,23 @@ class HudController:
         self.policy_hashes.close()
         if self.writer is not None:
             self.writer.close()
+        if self._spool is not None:
+            self._spool.cleanup()
+
+
+#: what an episode's report keeps of its record once every plugin has seen it (shared, read-only)
+_KEPT = {outcome: MappingProxyType({"outcome": outcome}) for outcome in ("passed", "failed", "error", "skipped")}
+#: the properties the worker mirrors from the record (JUnit XML has read them by then)
+_EPISODE_PROPERTIES = frozenset({"task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
+                                 "duration_s", "slot"})
+
+
+def _lighten_report(report: pytest.TestReport) -> None:
+    data = getattr(report, "hud_episode", None)
+    if isinstance(data, dict):
+        report.hud_episode = _KEPT.get(data.get("outcome"), _KEPT["error"])
+    if report.user_properties:
+        report.user_properties = [p for p in report.user_properties if p[0] not in _EPISODE_PROPERTIES]
 
 
 def _launcher(settings: HudSettings, spec: Any) -> Any:
