@@ -234,9 +234,15 @@ class HudController:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        """A worker's declaration was refused: stop here, before any test is scheduled (exit 4)."""
+        """A worker's declaration was refused: stop here, before any test is scheduled (exit 4).
+
+        Otherwise each test id of the worker's collection becomes the one string object the ledger
+        holds for it (interned), so xdist's copies of every worker's collection share it: one string
+        per test id in the controller, not one per worker plus the ledger's."""
         if self.usage_error is not None:
             raise pytest.UsageError(self.usage_error)
+        if isinstance(ids, list):
+            ids[:] = [sys.intern(i) if isinstance(i, str) else i for i in ids]
 
     def prestart_at_configure(self, collect_only: bool = False) -> None:
         """With ``--hud-policy-server`` and a LeRobot checkpoint named by ``--hud-policy`` on the

@@ -15,6 +15,7 @@ one (plain use, unit tests) it keeps them itself.
 from __future__ import annotations
 
 import sys
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -104,11 +105,19 @@ class Ledger:
         self.resumable = dict(resumable or {})
         self.sequential = sequential
         self.gated_by_file = gated_by_file
-        #: nodeid -> (task, episode, seed, axes or None): what each declared episode is
-        self.declared: dict[str, tuple[str, str, Any, dict[str, Any] | None]] = {}
+        # What each declared episode is, compactly (a run may declare 100,000): nodeid -> index into
+        # the task, episode id and (when the seed is not the episode id, or it has axes) seed and axes.
+        self.declared: dict[str, int] = {}
+        self._task_names: list[str] = []
+        self._task_index: dict[str, int] = {}
+        self._task_of = array("I")
+        self._episode_of: list[str] = []
+        self._seed_axes: dict[int, tuple[Any, dict[str, Any] | None]] = {}
         self._declared_counts: dict[str, int] = {}  # task -> declared episodes
         self.deselected_episodes: dict[str, set[str]] = {}  # task -> episode ids deselected with -k/-m
-        self.reported: set[str] = set()  # nodeids with a record
+        self._reported = bytearray()  # by declared index: 1 once the episode has a record
+        self._reported_other: set[str] = set()  # nodeids with a record that were never declared
+        self.reported = 0  # episodes (distinct nodeids) with a record
         self._tallies: dict[str, _Tally] = {}  # task -> running aggregates
         self._stale: set[str] = set()  # tasks whose tallies a replaced record outdated
         self._read_back = read_back
@@ -161,9 +170,17 @@ class Ledger:
         for ep in episodes:
             nodeid = sys.intern(str(ep["nodeid"]))
             if nodeid not in self.declared:
-                task = sys.intern(str(ep["task"]))
-                self.declared[nodeid] = (task, sys.intern(str(ep["episode"])), ep.get("seed"),
-                                         dict(ep["axes"]) if ep.get("axes") else None)
+                task, episode, seed = str(ep["task"]), str(ep["episode"]), ep.get("seed")
+                index = len(self._episode_of)
+                self.declared[nodeid] = index
+                if task not in self._task_index:
+                    self._task_index[task] = len(self._task_names)
+                    self._task_names.append(task)
+                self._task_of.append(self._task_index[task])
+                self._episode_of.append(episode)
+                self._reported.append(0)
+                if ep.get("axes") or seed is None or str(seed) != episode:
+                    self._seed_axes[index] = (seed, dict(ep["axes"]) if ep.get("axes") else None)
                 self._declared_counts[task] = self._declared_counts.get(task, 0) + 1
             if ep.get("min_success") is not None:
                 self.floors[ep["task"]] = float(ep["min_success"])
@@ -172,9 +189,15 @@ class Ledger:
     def add(self, record: EpisodeRecord) -> None:
         """An episode's record (the last one of a test id wins); feeds its task's sequential test."""
         nodeid = sys.intern(record.nodeid)
-        if nodeid in self.reported:
+        if self._was_reported(nodeid):
             self._stale.add(record.task)  # a rerun: its task's tallies are recounted from the records
-        self.reported.add(nodeid)
+        else:
+            self.reported += 1
+            index = self.declared.get(nodeid)
+            if index is None:
+                self._reported_other.add(nodeid)
+            else:
+                self._reported[index] = 1
         if self._kept is not None:
             self._kept[nodeid] = record
         self._tallies.setdefault(sys.intern(record.task), _Tally()).add(record)
@@ -194,12 +217,24 @@ class Ledger:
 
     def crashed(self, nodeid: str, message: str) -> EpisodeRecord | None:
         """The record of a declared episode whose worker died mid-test (None if not an episode)."""
-        ident = self.declared.get(nodeid)
-        if ident is None:
+        index = self.declared.get(nodeid)
+        if index is None:
             return None
-        task, episode, seed, axes = ident
+        task, episode, seed, axes = self._ident(index)
         return EpisodeRecord(task=task, episode=episode, nodeid=nodeid, outcome="error", seed=seed,
                              error=(message or "worker crashed")[:2000], axes=dict(axes or {}))
+
+    def _ident(self, index: int) -> tuple[str, str, Any, dict[str, Any] | None]:
+        """(task, episode, seed, axes) of the declared episode at ``index``."""
+        episode = self._episode_of[index]
+        seed, axes = self._seed_axes.get(index, (None, None))
+        if index not in self._seed_axes:
+            seed = int(episode)
+        return self._task_names[self._task_of[index]], episode, seed, axes
+
+    def _was_reported(self, nodeid: str) -> bool:
+        index = self.declared.get(nodeid)
+        return bool(self._reported[index]) if index is not None else nodeid in self._reported_other
 
     def is_declared(self, nodeid: str) -> bool:
         return nodeid in self.declared
@@ -236,7 +271,8 @@ class Ledger:
         if test is None:
             from pytest_hud.stats import SequentialTest
 
-            order = [ep for task, ep, _, _ in self.declared.values() if task == record.task and ep in base]
+            wanted = self._task_index.get(record.task)
+            order = [ep for ix, ep in zip(self._task_of, self._episode_of) if ix == wanted and ep in base]
             tasks = set(self._declared_counts) & set(self.baseline_successes)
             cfg = self.gate_config
             # Bonferroni across the compared tasks keeps the family-wise rate <= alpha.
@@ -251,8 +287,8 @@ class Ledger:
     def declared_ids(self) -> dict[str, list[str]]:
         """Task -> the episode ids this run declared, in declaration order (the results header)."""
         out: dict[str, list[str]] = {}
-        for task, episode, _, _ in self.declared.values():
-            out.setdefault(task, []).append(episode)
+        for ix, episode in zip(self._task_of, self._episode_of):
+            out.setdefault(self._task_names[ix], []).append(episode)
         return out
 
     def deselected_ids(self) -> dict[str, list[str]]:
@@ -286,7 +322,7 @@ class Ledger:
     def progress(self, now: float) -> Progress:
         """Where the run stands at epoch time ``now`` (the live progress line)."""
         elapsed = 0.0 if self.first_start is None else max(0.0, now - self.first_start)
-        done = len(self.reported)
+        done = self.reported
         return Progress(done=done, total=max(len(self.declared), done), ran=self.ran, elapsed_s=elapsed,
                         tasks=self.tasks())
 
@@ -295,11 +331,11 @@ class Ledger:
         declared = self.declared
         return {
             "declared": len(declared),
-            "reported": sum(1 for n in self.reported if n in declared) if declared else len(self.reported),
+            "reported": sum(self._reported) if declared else self.reported,
             "graded": sum(t.n for t in tallies),
             "errors": sum(t.errors for t in tallies),
             "skipped": sum(t.skipped for t in tallies),
-            "missing": sorted(n for n in declared if n not in self.reported),
+            "missing": sorted(n for n, index in declared.items() if not self._reported[index]),
         }
 
     @property
