@@ -16,7 +16,6 @@ the pieces cut by role, as pytest-xdist cuts ``dsession``/``workermanage``:
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -26,18 +25,20 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pytest
 
 from pytest_hud.controller.inputs import RunInputs
+from pytest_hud.controller.kept_reports import ReportLightener
+from pytest_hud.controller.progress import progress_record
 from pytest_hud.controller.ledger import Ledger
 from pytest_hud.controller.provenance import PolicyHashes, provenance
 from pytest_hud.controller.results_file import episodes_written, results_paths, settle_baseline
 from pytest_hud.core.specs import portable_spec
 from pytest_hud.core.results import EpisodeRecord, ResultsWriter
 from pytest_hud.core.settings import HudSettings
+from pytest_hud.report.terminal import write_progress
 
 __all__ = ["HudController", "results_paths"]
 
@@ -103,18 +104,17 @@ class HudController:
         self._old_sigterm = _sigterm_as_interrupt()
         self.results_path: Path | None = None
         self.baseline_path: Path | None = None  # set when the results file is the baseline too
-        self._spool: tempfile.TemporaryDirectory | None = None
+        self._spool: tempfile.TemporaryDirectory | None = None  # the records' file without --hud-results
         if settings.results:
             self.results_path = config.invocation_params.dir / settings.results
             self.results_path, self.baseline_path = results_paths(self.results_path, settings.baseline,
                                                                   config.invocation_params.dir)
-        else:
-            # No results file asked for: the records still go to disk, not to memory (removed at the end).
+        else:  # no results file asked for: the records still go to disk, not to memory
             self._spool = tempfile.TemporaryDirectory(prefix="pytest-hud-")
             self.results_path = Path(self._spool.name) / "episodes.jsonl"
         self.writer: ResultsWriter | None = None  # opened with the first record: a run of nothing writes nothing
         self._episodes_from = 0  # where this run's episode lines start in the results file
-        self._in_flight: dict[str, pytest.TestReport] = {}  # nodeid -> its episode's report, until teardown
+        self._lightener = ReportLightener()  # episode reports lose their payload once every plugin saw them
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -139,20 +139,10 @@ class HudController:
                 self._episodes_from = self.writer.path.stat().st_size
             return self.writer
 
-    def _read_back(self) -> Iterable[EpisodeRecord]:
+    def _read_back(self) -> list[EpisodeRecord]:
         """The episode records this run wrote (the ledger keeps tallies, not records)."""
-        with self._writer_lock:
-            writer = self.writer
-        if writer is None:
-            return []
-        return list(episodes_written(writer.path, self._episodes_from))
-
-    @property
-    def results_file(self) -> Path | None:
-        """The results file the user asked for (None when the records only go to a private spool)."""
-        if self._spool is not None:
-            return None
-        return self.writer.path if self.writer is not None else self.results_path
+        writer = self.writer
+        return [] if writer is None else list(episodes_written(writer.path, self._episodes_from))
 
     def workerinput(self) -> dict[str, Any]:
         """What a worker needs to reach the pool (builtin types: it crosses the xdist channel)."""
@@ -173,13 +163,9 @@ class HudController:
         empty for a run without axes. Holm's alpha is the gate's."""
         from pytest_hud.core.sensitivity import sensitivity_tables
 
-        if self._sensitivity is not None:
-            return self._sensitivity
-        if not self.ledger.has_axes:
-            return []
-        with self._lock:
-            records = list(self.records.values())
-        return sensitivity_tables(records, alpha=self.ledger.gate_config.alpha, per_task=True)
+        if self._sensitivity is not None or not self.ledger.has_axes:  # (computed once the run finished)
+            return self._sensitivity or []
+        return sensitivity_tables(self.records.values(), alpha=self.ledger.gate_config.alpha, per_task=True)
 
     def verdict_dicts(self) -> dict[str, dict[str, Any]] | None:
         return None if self.verdicts is None else {v.task: v.to_dict() for v in self.verdicts}
@@ -235,10 +221,7 @@ class HudController:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         """A worker's declaration was refused: stop here, before any test is scheduled (exit 4).
-
-        Otherwise each test id of the worker's collection becomes the one string object the ledger
-        holds for it (interned), so xdist's copies of every worker's collection share it: one string
-        per test id in the controller, not one per worker plus the ledger's."""
+        Else xdist's copy of each worker's collection shares the ledger's (interned) test ids."""
         if self.usage_error is not None:
             raise pytest.UsageError(self.usage_error)
         if isinstance(ids, list):
@@ -307,7 +290,7 @@ class HudController:
         try:
             return (yield)
         finally:
-            self._lighten(report)
+            self._lightener.seen(report)
 
     def _record_report(self, report: pytest.TestReport) -> None:
         data = getattr(report, "hud_episode", None)
@@ -328,21 +311,6 @@ class HudController:
                 self._add(record)
                 report.hud_episode = record.to_dict()  # counted as an error
 
-    def _lighten(self, report: pytest.TestReport) -> None:
-        """Once every plugin has seen an episode's reports (its teardown included: pytest-html
-        reads the call report's episode then), drop their per-episode payload. pytest keeps every
-        report until the run ends; the records are in the results file and the tallies."""
-        if isinstance(getattr(report, "hud_episode", None), dict):
-            if report.when in ("setup", "call"):
-                self._in_flight[report.nodeid] = report
-                return
-            _lighten_report(report)  # xdist's report of a crashed worker: no teardown follows
-        if report.when == "teardown":
-            carrier = self._in_flight.pop(report.nodeid, None)
-            if carrier is not None:
-                _lighten_report(carrier)
-                _lighten_report(report)
-
     def _add(self, record: EpisodeRecord) -> None:
         if not record.reused:
             record.finished_at = time.time()
@@ -358,8 +326,6 @@ class HudController:
         """Every few seconds, one line: episodes done of the total, rate, time left, and each task's
         running success with its interval (:mod:`~pytest_hud.controller.progress`); the same line
         goes into the results file as a ``progress`` record, for tools that tail it."""
-        from pytest_hud.controller.progress import progress_record
-
         interval = self.settings.progress_interval or 0
         now = time.monotonic()
         if interval <= 0 or now - self._last_progress < interval:
@@ -371,14 +337,7 @@ class HudController:
         if writer is not None:
             with self._writer_lock:
                 writer.progress(progress_record(progress))
-        tr = self.config.pluginmanager.get_plugin("terminalreporter")
-        if tr is None:
-            return
-        # Start a fresh line (under xdist the dots row has no file path, so write_line alone would
-        # not) so pytest's own progress dots and percentages stay intact around ours.
-        if getattr(tr._tw, "width_of_current_line", 0):
-            tr._tw.line()
-        tr.write_line(progress.line(), cyan=True)
+        write_progress(self.config.pluginmanager.get_plugin("terminalreporter"), progress.line())
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -392,7 +351,9 @@ class HudController:
         if in_process is not None:
             in_process.close_recorders()  # -n 0: this process recorded; finish before merging
         if self.settings.record:
-            self._merge_recording()
+            from pytest_hud.controller.recordings import merged_recording
+
+            self.recording = merged_recording(self.settings.record)
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self._empty_shard():
             # More shards than episodes (a SLURM array or CI matrix sized for a bigger suite): this
             # shard has nothing of its own to run. That is not a failure; its (empty) file is written.
@@ -441,28 +402,6 @@ class HudController:
         shard = self.ledger.shard
         return shard is not None and any(shard["suite"].values()) and not self.ledger.declared
 
-    def _merge_recording(self) -> None:
-        """Merge every worker's dataset part into one LeRobot dataset (per feature set)."""
-        import warnings
-
-        from pytest_hud.recording.dataset import RecordingWarning, merge_parts
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", RecordingWarning)
-            try:
-                paths = merge_parts(self.settings.record)
-            except Exception as exc:  # noqa: BLE001 - a failed merge must not hide the results
-                self.recording = {"error": f"{type(exc).__name__}: {exc}", "datasets": []}
-                return
-        datasets = []
-        for path in paths:
-            try:
-                info = json.loads((Path(path) / "meta" / "info.json").read_text())
-            except (OSError, ValueError):
-                info = {}
-            datasets.append({"path": str(path), "episodes": info.get("total_episodes"),
-                             "frames": info.get("total_frames")})
-        self.recording = {"datasets": datasets, "warnings": [str(w.message) for w in caught]}
 
     def _step_summary(self) -> None:
         """Append the markdown summary to $GITHUB_STEP_SUMMARY (GitHub Actions' job page)."""
@@ -499,7 +438,7 @@ class HudController:
         from pytest_hud.report.terminal import write_summary
 
         write_summary(terminalreporter, self.tasks(), self.verdicts, self.coverage(),
-                      results=str(self.results_file) if self.writer is not None and self.results_file else None,
+                      results=str(self.writer.path) if self.writer is not None and self._spool is None else None,
                       recording=self.recording, baseline=self.settings.baseline,
                       other_failures=self.other_failures, strict=self.settings.strict,
                       baseline_note=self.baseline_note,
@@ -518,21 +457,6 @@ class HudController:
             self.writer.close()
         if self._spool is not None:
             self._spool.cleanup()
-
-
-#: what an episode's report keeps of its record once every plugin has seen it (shared, read-only)
-_KEPT = {outcome: MappingProxyType({"outcome": outcome}) for outcome in ("passed", "failed", "error", "skipped")}
-#: the properties the worker mirrors from the record (JUnit XML has read them by then)
-_EPISODE_PROPERTIES = frozenset({"task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
-                                 "duration_s", "slot"})
-
-
-def _lighten_report(report: pytest.TestReport) -> None:
-    data = getattr(report, "hud_episode", None)
-    if isinstance(data, dict):
-        report.hud_episode = _KEPT.get(data.get("outcome"), _KEPT["error"])
-    if report.user_properties:
-        report.user_properties = [p for p in report.user_properties if p[0] not in _EPISODE_PROPERTIES]
 
 
 def _launcher(settings: HudSettings, spec: Any) -> Any:
