@@ -12,6 +12,7 @@ HERE = Path(__file__).parent
 pytestmark = pytest.mark.hud(
     sim=f"{HERE / 'sims' / 'classic.py'}:cartpole",
     policy=f"{HERE / 'policies' / 'numpy_policies.py'}:cartpole",
+    min_success=0.9,  # the gate's floor: the final checkpoint balances 32/32, an earlier one 22/32
 )
 
 

@@ -20,6 +20,7 @@ MT10 = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3"
 pytestmark = pytest.mark.hud(
     sim=f"{HERE / 'sims' / 'meta_world.py'}:meta_world",
     policy=f"{HERE / 'policies' / 'meta_world_experts.py'}:expert",
+    min_success=0.8,  # the gate's floor per task (the experts: 9 or 10 of 10)
 )
 
 

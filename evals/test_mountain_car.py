@@ -12,6 +12,7 @@ HERE = Path(__file__).parent
 pytestmark = pytest.mark.hud(
     sim=f"{HERE / 'sims' / 'classic.py'}:mountain_car",
     policy=f"{HERE / 'policies' / 'numpy_policies.py'}:mountain_car",
+    min_success=0.8,  # the gate's floor (the checkpoint reaches the flag on 22 of 24 seeds)
 )
 
 

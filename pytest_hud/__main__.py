@@ -5,6 +5,8 @@
     python -m pytest_hud report results.jsonl --compare base.jsonl  # + the gate: exit 1 on regression
     python -m pytest_hud report results.jsonl --markdown >> "$GITHUB_STEP_SUMMARY"
     python -m pytest_hud report results.jsonl --html report.html    # the standalone HTML page too
+    python -m pytest_hud report --history step1k.jsonl step2k.jsonl step3k.jsonl --html history.html
+    python -m pytest_hud report --history --sweep checkpoint sweep.jsonl   # checkpoints inside one run
 
 ``--compare`` runs the same gate as ``pytest --hud-baseline`` (:func:`pytest_hud.gate.evaluate_gate`
 with the same options and the same episode accounting), on the latest record of each episode in
@@ -83,7 +85,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Print the per-task summary of RESULTS; with --compare, run the regression gate "
                     "against BASELINE (exit 1 when it fails).",
     )
-    report.add_argument("results", metavar="RESULTS", help="Results file written by pytest --hud-results")
+    report.add_argument("results", metavar="RESULTS", nargs="+",
+                        help="Results file written by pytest --hud-results (with --history: several, or folders)")
+    report.add_argument("--history", dest="history", action="store_true",
+                        help="RESULTS are a series of runs (checkpoints or commits, in order; a folder's *.jsonl "
+                             "in the order they started): success per task across them, significant changes "
+                             "between consecutive runs (Holm over the series), the best run")
+    report.add_argument("--sweep", dest="sweep", metavar="PARAM", default=None,
+                        help="With --history: one run whose tests take the checkpoint as the parameter PARAM "
+                             "(e.g. checkpoint): one run per value")
     report.add_argument("--compare", dest="baseline", metavar="BASELINE", default=None,
                         help="Baseline results file to gate against (same statistics as --hud-baseline)")
     report.add_argument("--markdown", dest="markdown", action="store_true",
@@ -167,7 +177,11 @@ def _sensitivity(results: Results) -> list[Any]:
 
 def report(args: argparse.Namespace) -> int:
     """The ``report`` command; returns the exit status."""
-    results = _load(args.results, "RESULTS")
+    if args.history or args.sweep:
+        return history(args)
+    if len(args.results) > 1:
+        raise InputError(f"{len(args.results)} results files given: one, or --history for a series of runs")
+    results = _load(args.results[0], "RESULTS")
     baseline = _load(args.baseline, "BASELINE", quiet=True) if args.baseline else None
     gate: list[Verdict] | None = None
     verdicts: Mapping[str, Any] | None
@@ -219,6 +233,58 @@ def report(args: argparse.Namespace) -> int:
             else:
                 print("gate: FAIL (nothing was compared)")
         return EXIT_OK if passed else EXIT_REGRESSION
+    return EXIT_OK
+
+
+def history(args: argparse.Namespace) -> int:
+    """``report --history``: a series of runs as a page (HTML, default ``hud-history.html``), and
+    markdown (``--markdown``) or a table on stdout."""
+    from pathlib import Path
+
+    from pytest_hud.report.history import build_history, history_markdown, history_text
+    from pytest_hud.report.history import series_from_results, series_from_sweep
+    from pytest_hud.report.history_html import history_page
+
+    for option in ("baseline", "gate"):
+        if getattr(args, option):
+            raise InputError(f"--{'compare' if option == 'baseline' else option} compares two runs;"
+                             f" --history shows a series (drop one of them)")
+    files: list[Path] = []
+    for name in args.results:
+        path = Path(name)
+        if path.is_dir():
+            found = [_load(str(p), "RESULTS", quiet=True) for p in sorted(path.glob("*.jsonl"))]
+            if not found:
+                raise InputError(f"{name} holds no results file (*.jsonl)")
+            found.sort(key=lambda r: (str(r.run.get("started") or ""), str(r.path)))
+            files += found
+        else:
+            files.append(_load(name, "RESULTS", quiet=True))
+    if args.sweep:
+        if len(files) != 1:
+            raise InputError(f"--sweep {args.sweep} reads one run whose tests take the checkpoint as a parameter;"
+                             f" got {len(files)} results files")
+        try:
+            runs = series_from_sweep(files[0], args.sweep)
+        except ValueError as exc:
+            raise InputError(f"--sweep: {exc}") from None
+    else:
+        if len(files) < 2:
+            raise InputError("--history needs two or more results files (or a folder of them), or --sweep PARAM"
+                             " for a checkpoint sweep inside one run")
+        runs = series_from_results(files)
+    alpha = args.alpha if args.alpha is not None else 0.05
+    if not 0.0 < alpha < 1.0:
+        raise InputError(f"--alpha={alpha} must be strictly between 0 and 1 (e.g. 0.05)")
+    built = build_history(runs, alpha=alpha)
+    if args.markdown:
+        sys.stdout.write(history_markdown(built))
+    else:
+        print("\n".join(history_text(built)))
+    page = Path(args.html or "hud-history.html")
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(history_page(built), encoding="utf-8")
+    print(f"html: {page}", file=sys.stderr)
     return EXIT_OK
 
 

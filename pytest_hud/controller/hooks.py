@@ -13,11 +13,11 @@ the pieces cut by role, as pytest-xdist cuts ``dsession``/``workermanage``:
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -28,12 +28,15 @@ import pytest
 
 from pytest_hud.controller.startup import StartupClock
 from pytest_hud.controller.inputs import RunInputs
+from pytest_hud.controller.kept_reports import ReportLightener
+from pytest_hud.controller.progress import progress_record
 from pytest_hud.controller.ledger import Ledger
 from pytest_hud.controller.provenance import PolicyHashes, provenance
-from pytest_hud.controller.results_file import results_paths, settle_baseline
+from pytest_hud.controller.results_file import episodes_written, results_paths, settle_baseline
 from pytest_hud.core.specs import portable_spec
 from pytest_hud.core.results import EpisodeRecord, ResultsWriter
 from pytest_hud.core.settings import HudSettings
+from pytest_hud.report.terminal import write_progress
 
 __all__ = ["HudController", "results_paths"]
 
@@ -56,13 +59,15 @@ class HudController:
         self.started = time.monotonic()
         self.startup = StartupClock()  # where the run's first seconds go (summary and results file)
         self.ledger = Ledger(inputs.gate_config, inputs.baseline, inputs.resumable,
-                             sequential=settings.sequential, gated_by_file=bool(settings.gate))
+                             sequential=settings.sequential, gated_by_file=bool(settings.gate),
+                             read_back=self._read_back)
         self.verdicts: list[Any] | None = None
         self.other_failures = 0
         self.usage_error: str | None = None  # a declaration the run cannot gate: nothing runs, nothing is written
         self.baseline_note: str | None = None  # where the results went when they are the baseline too
         self._last_progress = time.monotonic()
         self.recording: dict[str, Any] | None = None
+        self._sensitivity: list[Any] | None = None  # computed once the run has finished
 
         # Everything above only read; from here on the run has side effects (all inputs are valid).
         self._lock = threading.Lock()
@@ -97,11 +102,17 @@ class HudController:
         self._old_sigterm = _sigterm_as_interrupt()
         self.results_path: Path | None = None
         self.baseline_path: Path | None = None  # set when the results file is the baseline too
+        self._spool: tempfile.TemporaryDirectory | None = None  # the records' file without --hud-results
         if settings.results:
             self.results_path = config.invocation_params.dir / settings.results
             self.results_path, self.baseline_path = results_paths(self.results_path, settings.baseline,
                                                                   config.invocation_params.dir)
+        else:  # no results file asked for: the records still go to disk, not to memory
+            self._spool = tempfile.TemporaryDirectory(prefix="pytest-hud-")
+            self.results_path = Path(self._spool.name) / "episodes.jsonl"
         self.writer: ResultsWriter | None = None  # opened with the first record: a run of nothing writes nothing
+        self._episodes_from = 0  # where this run's episode lines start in the results file
+        self._lightener = ReportLightener()  # episode reports lose their payload once every plugin saw them
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -123,7 +134,13 @@ class HudController:
                     declared, deselected = self.ledger.declared_ids(), self.ledger.deselected_ids()
                 self.writer = ResultsWriter(self.results_path, self.provenance, self.run_id, append=resuming_here,
                                             declared=declared, deselected=deselected)
+                self._episodes_from = self.writer.path.stat().st_size
             return self.writer
+
+    def _read_back(self) -> list[EpisodeRecord]:
+        """The episode records this run wrote (the ledger keeps tallies, not records)."""
+        writer = self.writer
+        return [] if writer is None else list(episodes_written(writer.path, self._episodes_from))
 
     def workerinput(self) -> dict[str, Any]:
         """What a worker needs to reach the pool (builtin types: it crosses the xdist channel)."""
@@ -144,10 +161,11 @@ class HudController:
         empty for a run without axes. Holm's alpha, the coverage rule and each task's metric are the gate's."""
         from pytest_hud.core.sensitivity import sensitivity_tables
 
-        with self._lock:
-            records = list(self.records.values())
+        if self._sensitivity is not None or not self.ledger.has_axes:  # (computed once the run finished)
+            return self._sensitivity or []
         from pytest_hud.gate import metric_for
 
+        records = list(self.records.values())
         config = self.ledger.gate_config
         metrics = {**config.metrics, **self.ledger.metrics}
         scored = {r.task for r in records if metric_for(r.task, metrics) == "score"}
@@ -212,9 +230,12 @@ class HudController:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        """A worker's declaration was refused: stop here, before any test is scheduled (exit 4)."""
+        """A worker's declaration was refused: stop here, before any test is scheduled (exit 4).
+        Else xdist's copy of each worker's collection shares the ledger's (interned) test ids."""
         if self.usage_error is not None:
             raise pytest.UsageError(self.usage_error)
+        if isinstance(ids, list):
+            ids[:] = [sys.intern(i) if isinstance(i, str) else i for i in ids]
 
     def prestart_at_configure(self, collect_only: bool = False) -> None:
         """With ``--hud-policy-server`` and a LeRobot checkpoint named by ``--hud-policy`` on the
@@ -273,8 +294,15 @@ class HudController:
 
         return episode_teststatus(report)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport):
+        self._record_report(report)  # before any other plugin sees the report
+        try:
+            return (yield)
+        finally:
+            self._lightener.seen(report)
+
+    def _record_report(self, report: pytest.TestReport) -> None:
         data = getattr(report, "hud_episode", None)
         if data:
             worker = getattr(getattr(report, "node", None), "gateway", None)
@@ -307,27 +335,21 @@ class HudController:
         self._progress()
 
     def _progress(self) -> None:
-        """Every few seconds, one line with each task's running success rate (controller side)."""
+        """Every few seconds, one line: episodes done of the total, rate, time left, and each task's
+        running success with its interval (:mod:`~pytest_hud.controller.progress`); the same line
+        goes into the results file as a ``progress`` record, for tools that tail it."""
         interval = self.settings.progress_interval or 0
         now = time.monotonic()
         if interval <= 0 or now - self._last_progress < interval:
             return
-        tr = self.config.pluginmanager.get_plugin("terminalreporter")
-        if tr is None:
-            return
         self._last_progress = now
-        declared = self.ledger.declared_by_task()
-        parts = []
-        for task, s in self.tasks().items():
-            rate = "-" if s.success_rate is None else f"{100 * s.success_rate:.0f}%"
-            done = s.n + s.errors + s.skipped
-            parts.append(f"{task.rsplit('::', 1)[-1]} {rate} ({done}/{declared.get(task, done)}"
-                         + (f", {s.errors} err" if s.errors else "") + ")")
-        # Start a fresh line (under xdist the dots row has no file path, so write_line alone would
-        # not) so pytest's own progress dots and percentages stay intact around ours.
-        if getattr(tr._tw, "width_of_current_line", 0):
-            tr._tw.line()
-        tr.write_line("hud progress: " + "; ".join(parts), cyan=True)
+        with self._lock:
+            progress = self.ledger.progress(time.time())
+        writer = self.writer
+        if writer is not None:
+            with self._writer_lock:
+                writer.progress(progress_record(progress))
+        write_progress(self.config.pluginmanager.get_plugin("terminalreporter"), progress.line())
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -341,7 +363,9 @@ class HudController:
         if in_process is not None:
             in_process.close_recorders()  # -n 0: this process recorded; finish before merging
         if self.settings.record:
-            self._merge_recording()
+            from pytest_hud.controller.recordings import merged_recording
+
+            self.recording = merged_recording(self.settings.record)
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self._empty_shard():
             # More shards than episodes (a SLURM array or CI matrix sized for a bigger suite): this
             # shard has nothing of its own to run. That is not a failure; its (empty) file is written.
@@ -354,8 +378,8 @@ class HudController:
                 session.exitstatus = pytest.ExitCode.OK if passed else pytest.ExitCode.TESTS_FAILED
             add_gate_cases(self.config, self.verdicts, strict=self.settings.strict)
         gate = [v.to_dict() for v in self.verdicts] if self.verdicts is not None else None
-        tables = self.sensitivity()
-        if self.records or self.ledger.declared or self.ledger.shard is not None:
+        tables = self._sensitivity = self.sensitivity()
+        if self.ledger.reported or self.ledger.declared or self.ledger.shard is not None:
             # (A shard with no episodes of its own still writes its file: the merge expects it.)
             self._step_summary()
             writer = self._write()
@@ -391,28 +415,6 @@ class HudController:
         shard = self.ledger.shard
         return shard is not None and any(shard["suite"].values()) and not self.ledger.declared
 
-    def _merge_recording(self) -> None:
-        """Merge every worker's dataset part into one LeRobot dataset (per feature set)."""
-        import warnings
-
-        from pytest_hud.recording.dataset import RecordingWarning, merge_parts
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", RecordingWarning)
-            try:
-                paths = merge_parts(self.settings.record)
-            except Exception as exc:  # noqa: BLE001 - a failed merge must not hide the results
-                self.recording = {"error": f"{type(exc).__name__}: {exc}", "datasets": []}
-                return
-        datasets = []
-        for path in paths:
-            try:
-                info = json.loads((Path(path) / "meta" / "info.json").read_text())
-            except (OSError, ValueError):
-                info = {}
-            datasets.append({"path": str(path), "episodes": info.get("total_episodes"),
-                             "frames": info.get("total_frames")})
-        self.recording = {"datasets": datasets, "warnings": [str(w.message) for w in caught]}
 
     def _step_summary(self) -> None:
         """Append the markdown summary to $GITHUB_STEP_SUMMARY (GitHub Actions' job page)."""
@@ -435,7 +437,7 @@ class HudController:
         return [
             f"hud: sim={s.sim or '(per test)'} width={self.width} workers={self.workers} tick={s.tick} "
             f"policy={s.policy or '(per test)'} ({where})",
-        ] + ([f"hud: results -> {self.results_path}"] if self.results_path else []) + (
+        ] + ([f"hud: results -> {self.results_path}"] if self._spool is None and self.results_path else []) + (
             [f"hud: shard {s.shard_spec} (a stable partition of the suite's episodes)"] if s.shard else [])
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -444,12 +446,12 @@ class HudController:
                 f"hud: shard {self.settings.shard_spec} has no episodes of its own (the suite's "
                 f"{sum(map(len, self.ledger.shard['suite'].values()))} episodes went to other shards); "
                 f"its results file is written for the merge")
-        if self.usage_error is not None or (not self.records and not self.ledger.declared):
+        if self.usage_error is not None or (not self.ledger.reported and not self.ledger.declared):
             return
         from pytest_hud.report.terminal import write_summary
 
         write_summary(terminalreporter, self.tasks(), self.verdicts, self.coverage(),
-                      results=str(self.writer.path) if self.writer is not None else None,
+                      results=str(self.writer.path) if self.writer is not None and self._spool is None else None,
                       recording=self.recording, baseline=self.settings.baseline,
                       other_failures=self.other_failures, strict=self.settings.strict,
                       baseline_note=self.baseline_note,
@@ -467,6 +469,8 @@ class HudController:
         self.policy_hashes.close()
         if self.writer is not None:
             self.writer.close()
+        if self._spool is not None:
+            self._spool.cleanup()
 
 
 def _launcher(settings: HudSettings, spec: Any) -> Any:

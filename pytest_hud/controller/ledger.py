@@ -4,28 +4,99 @@ Pure (no pytest, no I/O, no threads): the controller feeds it what workers decla
 reports carry, and asks it for the per-task table, the coverage line, resume matches, sequential
 decisions and the gate's verdicts. Every rule about *which* episodes count lives here, so it is
 unit-tested with plain function calls.
+
+Its memory does not grow with episode records: per task it keeps running tallies (the summary
+table, coverage, the progress line), per episode only the id it was declared and reported under.
+Where the records themselves are needed (the gate's pairs, sensitivity tables, the HTML page) it
+reads them back from ``read_back``, the controller's reader of the results file it writes; without
+one (plain use, unit tests) it keeps them itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import sys
+from array import array
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from pytest_hud.gate import (
     COMPARED, GateConfig, Verdict, evaluate_gate, outcomes_from_records, outcomes_from_results,
 )
+from pytest_hud.controller.progress import Progress
 from pytest_hud.core.results import EpisodeRecord, Results, TaskSummary, aggregate, to_builtin
+from pytest_hud.stats import wilson_interval
 
 __all__ = ["Ledger"]
 
 
+class _Tally:
+    """One task's running aggregates: what :func:`pytest_hud.core.results.aggregate` computes from
+    its records, kept as the records arrive."""
+
+    __slots__ = ("records", "n", "successes", "errors", "skipped", "reused", "returns", "n_returns",
+                 "steps", "n_steps", "ran", "stamped", "first_start", "last_finish", "busy")
+
+    def __init__(self) -> None:
+        self.records = self.n = self.successes = self.errors = self.skipped = self.reused = 0
+        self.returns = 0.0
+        self.n_returns = self.steps = self.n_steps = self.ran = self.stamped = 0
+        self.first_start: float | None = None
+        self.last_finish: float | None = None
+        self.busy = 0.0  # summed durations of the episodes that ran
+
+    def add(self, rec: EpisodeRecord) -> None:
+        self.records += 1
+        self.reused += bool(rec.reused)
+        if rec.outcome == "error":
+            self.errors += 1
+        elif rec.outcome == "skipped":
+            self.skipped += 1
+        if rec.outcome in ("passed", "failed") and rec.success is not None:
+            self.n += 1
+            self.successes += bool(rec.success)
+            if rec.total_reward is not None:
+                self.returns += rec.total_reward
+                self.n_returns += 1
+            if rec.steps is not None:
+                self.steps += rec.steps
+                self.n_steps += 1
+        if not rec.reused and rec.outcome != "skipped":
+            self.ran += 1
+            self.busy += rec.duration_s or 0.0
+            if rec.finished_at is not None and rec.duration_s is not None:
+                self.stamped += 1
+                start = rec.finished_at - rec.duration_s
+                self.first_start = start if self.first_start is None else min(self.first_start, start)
+                self.last_finish = rec.finished_at if self.last_finish is None else max(self.last_finish,
+                                                                                         rec.finished_at)
+
+    def summary(self, task: str, declared: int, wall_s: float | None) -> TaskSummary:
+        low, high = wilson_interval(self.successes, self.n)
+        if self.stamped and self.stamped == self.ran:
+            busy = self.last_finish - self.first_start
+        else:
+            busy = wall_s if wall_s else self.busy
+        return TaskSummary(
+            task=task, n=self.n, successes=self.successes, errors=self.errors, skipped=self.skipped,
+            declared=max(declared, self.records), success_rate=self.successes / self.n if self.n else None,
+            ci_low=low, ci_high=high, mean_return=self.returns / self.n_returns if self.n_returns else None,
+            mean_steps=self.steps / self.n_steps if self.n_steps else None,
+            episodes_per_hour=self.ran * 3600.0 / busy if busy and self.ran and self.n else None,
+            reused=self.reused)
+
+
 class Ledger:
-    """What a run declared and what it reported, and what follows from it."""
+    """What a run declared and what it reported, and what follows from it.
+
+    ``read_back``: a callable that returns the records this run has written so far (its results
+    file read back); given, the ledger keeps no record in memory.
+    """
 
     def __init__(self, gate_config: GateConfig | None = None, baseline: Results | None = None,
                  resumable: Mapping[tuple[str, str], EpisodeRecord] | None = None,
-                 sequential: bool = False, gated_by_file: bool = False) -> None:
+                 sequential: bool = False, gated_by_file: bool = False,
+                 read_back: Callable[[], Iterable[EpisodeRecord]] | None = None) -> None:
         self.gate_config = gate_config or GateConfig()
         self.baseline = baseline
         self.baseline_successes: dict[str, dict[str, bool]] = {}  # task -> episode -> success
@@ -34,13 +105,47 @@ class Ledger:
         self.resumable = dict(resumable or {})
         self.sequential = sequential
         self.gated_by_file = gated_by_file
-        self.declared: dict[str, dict[str, Any]] = {}  # nodeid -> identity (task, episode, seed, ...)
+        # What each declared episode is, compactly (a run may declare 100,000): nodeid -> index into
+        # the task, episode id and (when the seed is not the episode id, or it has axes) seed and axes.
+        self.declared: dict[str, int] = {}
+        self._task_names: list[str] = []
+        self._task_index: dict[str, int] = {}
+        self._task_of = array("I")
+        self._episode_of: list[str] = []
+        self._seed_axes: dict[int, tuple[Any, dict[str, Any] | None]] = {}
+        self._declared_counts: dict[str, int] = {}  # task -> declared episodes
         self.deselected_episodes: dict[str, set[str]] = {}  # task -> episode ids deselected with -k/-m
-        self.records: dict[str, EpisodeRecord] = {}  # nodeid -> the episode's record
+        self._reported = bytearray()  # by declared index: 1 once the episode has a record
+        self._reported_other: set[str] = set()  # nodeids with a record that were never declared
+        self.reported = 0  # episodes (distinct nodeids) with a record
+        self._tallies: dict[str, _Tally] = {}  # task -> running aggregates
+        self._stale: set[str] = set()  # tasks whose tallies a replaced record outdated
+        self._read_back = read_back
+        self._kept: dict[str, EpisodeRecord] | None = None if read_back is not None else {}
+        self._policies: dict[tuple[Any, Any], dict[str, Any]] = {}
+        self._sims: dict[str, dict[str, Any]] = {}
+        self._axes = False  # some record has robustness axes
         self.floors: dict[str, float] = {}  # task -> min_success from markers
         self.metrics: dict[str, str] = {}  # task -> hud(metric=...) from markers
         self.shard: dict[str, Any] | None = None  # --hud-shard: {"index", "count", "suite": {task: [episodes]}}
         self._sequential_tests: dict[str, Any] = {}
+        self.ran = 0  # episodes that ran here (not skipped, not reused from a resumed file)
+        self.first_start: float | None = None  # epoch seconds when the first of them started
+
+    @property
+    def records(self) -> dict[str, EpisodeRecord]:
+        """Nodeid -> this run's record of it (the last one wins); read back when not kept."""
+        if self._kept is not None:
+            return dict(self._kept)
+        latest: dict[str, EpisodeRecord] = {}
+        for rec in self._read_back():
+            latest[rec.nodeid] = rec
+        return latest
+
+    @property
+    def has_axes(self) -> bool:
+        """Some episode's test has robustness axes (``hud_axis``): sensitivity tables exist."""
+        return self._axes
 
     @property
     def deselected(self) -> set[str]:
@@ -64,7 +169,20 @@ class Ledger:
             self.shard = {"index": int(shard["index"]), "count": int(shard["count"]),
                           "suite": {str(t): [str(e) for e in eps] for t, eps in dict(shard["suite"]).items()}}
         for ep in episodes:
-            self.declared.setdefault(ep["nodeid"], dict(ep))
+            nodeid = sys.intern(str(ep["nodeid"]))
+            if nodeid not in self.declared:
+                task, episode, seed = str(ep["task"]), str(ep["episode"]), ep.get("seed")
+                index = len(self._episode_of)
+                self.declared[nodeid] = index
+                if task not in self._task_index:
+                    self._task_index[task] = len(self._task_names)
+                    self._task_names.append(task)
+                self._task_of.append(self._task_index[task])
+                self._episode_of.append(episode)
+                self._reported.append(0)
+                if ep.get("axes") or seed is None or str(seed) != episode:
+                    self._seed_axes[index] = (seed, dict(ep["axes"]) if ep.get("axes") else None)
+                self._declared_counts[task] = self._declared_counts.get(task, 0) + 1
             if ep.get("min_success") is not None:
                 self.floors[ep["task"]] = float(ep["min_success"])
             if ep.get("metric") is not None:
@@ -73,18 +191,53 @@ class Ledger:
 
     def add(self, record: EpisodeRecord) -> None:
         """An episode's record (the last one of a test id wins); feeds its task's sequential test."""
-        self.records[record.nodeid] = record
+        nodeid = sys.intern(record.nodeid)
+        if self._was_reported(nodeid):
+            self._stale.add(record.task)  # a rerun: its task's tallies are recounted from the records
+        else:
+            self.reported += 1
+            index = self.declared.get(nodeid)
+            if index is None:
+                self._reported_other.add(nodeid)
+            else:
+                self._reported[index] = 1
+        if self._kept is not None:
+            self._kept[nodeid] = record
+        self._tallies.setdefault(sys.intern(record.task), _Tally()).add(record)
+        if not record.reused and record.outcome != "skipped" and record.finished_at is not None:
+            self.ran += 1
+            start = record.finished_at - (record.duration_s or 0.0)
+            self.first_start = start if self.first_start is None else min(self.first_start, start)
+        ident = record.identity or {}
+        if ident.get("policy"):
+            self._policies.setdefault((ident["policy"], ident.get("policy_hash")), {
+                "policy": ident["policy"], "policy_hash": ident.get("policy_hash")})
+        if ident.get("sim"):
+            self._sims.setdefault(f"{ident['sim']} {ident.get('build') or ''}",
+                                  {"sim": ident["sim"], "build": ident.get("build") or {}})
+        self._axes = self._axes or bool(record.axes)
         self._feed_sequential(record)
 
     def crashed(self, nodeid: str, message: str) -> EpisodeRecord | None:
         """The record of a declared episode whose worker died mid-test (None if not an episode)."""
-        ident = self.declared.get(nodeid)
-        if ident is None:
+        index = self.declared.get(nodeid)
+        if index is None:
             return None
-        record = EpisodeRecord(task=ident["task"], episode=ident["episode"], nodeid=nodeid, outcome="error",
-                               seed=ident.get("seed"), error=(message or "worker crashed")[:2000],
-                               axes=dict(ident.get("axes") or {}))
-        return record
+        task, episode, seed, axes = self._ident(index)
+        return EpisodeRecord(task=task, episode=episode, nodeid=nodeid, outcome="error", seed=seed,
+                             error=(message or "worker crashed")[:2000], axes=dict(axes or {}))
+
+    def _ident(self, index: int) -> tuple[str, str, Any, dict[str, Any] | None]:
+        """(task, episode, seed, axes) of the declared episode at ``index``."""
+        episode = self._episode_of[index]
+        seed, axes = self._seed_axes.get(index, (None, None))
+        if index not in self._seed_axes:
+            seed = int(episode)
+        return self._task_names[self._task_of[index]], episode, seed, axes
+
+    def _was_reported(self, nodeid: str) -> bool:
+        index = self.declared.get(nodeid)
+        return bool(self._reported[index]) if index is not None else nodeid in self._reported_other
 
     def is_declared(self, nodeid: str) -> bool:
         return nodeid in self.declared
@@ -121,8 +274,9 @@ class Ledger:
         if test is None:
             from pytest_hud.stats import SequentialTest
 
-            order = [d["episode"] for d in self.declared.values() if d["task"] == record.task and d["episode"] in base]
-            tasks = {d["task"] for d in self.declared.values()} & set(self.baseline_successes)
+            wanted = self._task_index.get(record.task)
+            order = [ep for ix, ep in zip(self._task_of, self._episode_of) if ix == wanted and ep in base]
+            tasks = set(self._declared_counts) & set(self.baseline_successes)
             cfg = self.gate_config
             # Bonferroni across the compared tasks keeps the family-wise rate <= alpha.
             test = SequentialTest(alpha=cfg.alpha / max(1, len(tasks)), max_drop=cfg.max_drop,
@@ -136,8 +290,8 @@ class Ledger:
     def declared_ids(self) -> dict[str, list[str]]:
         """Task -> the episode ids this run declared, in declaration order (the results header)."""
         out: dict[str, list[str]] = {}
-        for ident in self.declared.values():
-            out.setdefault(ident["task"], []).append(str(ident["episode"]))
+        for ix, episode in zip(self._task_of, self._episode_of):
+            out.setdefault(self._task_names[ix], []).append(episode)
         return out
 
     def deselected_ids(self) -> dict[str, list[str]]:
@@ -146,30 +300,45 @@ class Ledger:
 
     def collected_tasks(self) -> set[str]:
         """Every task the run collected: declared, deselected, or in another shard."""
-        tasks = {ident["task"] for ident in self.declared.values()} | set(self.deselected)
+        tasks = set(self._declared_counts) | set(self.deselected)
         if self.shard is not None:
             tasks |= set(self.shard["suite"])
         return tasks
 
     def declared_by_task(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for ident in self.declared.values():
-            counts[ident["task"]] = counts.get(ident["task"], 0) + 1
-        return counts
+        return dict(self._declared_counts)
 
     def tasks(self, wall_s: float | None = None) -> dict[str, TaskSummary]:
-        return aggregate(self.records.values(), self.declared_by_task(), wall_s)
+        """Per task: n, successes, the Wilson interval, errors, throughput (from the running tallies)."""
+        if self._stale:
+            stale, self._stale = self._stale, set()
+            recounted = {task: _Tally() for task in stale}
+            for rec in self.records.values():
+                if rec.task in recounted:
+                    recounted[rec.task].add(rec)
+            self._tallies.update(recounted)
+        declared = self._declared_counts
+        return {task: self._tallies[task].summary(task, declared.get(task, 0), wall_s) if task in self._tallies
+                else aggregate((), {task: declared[task]}, wall_s)[task]
+                for task in sorted(set(self._tallies) | set(declared))}
+
+    def progress(self, now: float) -> Progress:
+        """Where the run stands at epoch time ``now`` (the live progress line)."""
+        elapsed = 0.0 if self.first_start is None else max(0.0, now - self.first_start)
+        done = self.reported
+        return Progress(done=done, total=max(len(self.declared), done), ran=self.ran, elapsed_s=elapsed,
+                        tasks=self.tasks())
 
     def coverage(self) -> dict[str, Any]:
-        declared = set(self.declared)
-        reported = set(self.records)
+        tallies = [self._tallies[t] for t in self.tasks() if t in self._tallies]  # (recounts stale tasks)
+        declared = self.declared
         return {
             "declared": len(declared),
-            "reported": len(reported & declared) if declared else len(reported),
-            "graded": sum(1 for r in self.records.values() if r.outcome in ("passed", "failed")),
-            "errors": sum(1 for r in self.records.values() if r.outcome == "error"),
-            "skipped": sum(1 for r in self.records.values() if r.outcome == "skipped"),
-            "missing": sorted(declared - reported),
+            "reported": sum(self._reported) if declared else self.reported,
+            "graded": sum(t.n for t in tallies),
+            "errors": sum(t.errors for t in tallies),
+            "skipped": sum(t.skipped for t in tallies),
+            "missing": sorted(n for n, index in declared.items() if not self._reported[index]),
         }
 
     @property
@@ -215,15 +384,4 @@ class Ledger:
 
     def used(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Every (policy, content hash) and (sim, build) the recorded episodes actually used."""
-        policies: dict[tuple, dict[str, Any]] = {}
-        sims: dict[str, dict[str, Any]] = {}
-        for rec in self.records.values():
-            ident = rec.identity or {}
-            if ident.get("policy"):
-                policies[(ident["policy"], ident.get("policy_hash"))] = {
-                    "policy": ident["policy"], "policy_hash": ident.get("policy_hash")}
-            if ident.get("sim"):
-                key = f"{ident['sim']} {ident.get('build') or ''}"
-                sims[key] = {"sim": ident["sim"], "build": ident.get("build") or {}}
-        return list(policies.values()), list(sims.values())
-
+        return list(self._policies.values()), list(self._sims.values())

@@ -3,18 +3,43 @@
 When ``--hud-results`` is the ``--hud-baseline`` file, the run writes a candidate beside it
 (:func:`results_paths`), and only a run that passes its gate makes the candidate the baseline
 (:func:`settle_baseline`); any other run leaves the baseline as it was.
+
+The file is also the controller's memory of each episode: the controller keeps running tallies,
+and reads the records back (:func:`episodes_written`) where the gate needs them episode by episode.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pytest_hud.core.results import ResultsWriter
+from pytest_hud.core.results import EpisodeRecord, ResultsWriter
 
-__all__ = ["results_paths", "settle_baseline"]
+__all__ = ["episodes_written", "results_paths", "settle_baseline"]
+
+_EPISODE = '{"record": "episode"'  # how ResultsWriter starts an episode line
+
+
+def episodes_written(path: Path, offset: int) -> Iterator[EpisodeRecord]:
+    """The episode records of ``path`` from byte ``offset`` on (what this run appended), in order.
+
+    Progress lines are skipped without parsing; a torn last line (a write in flight) is skipped too.
+    """
+    with open(path, encoding="utf-8") as fh:
+        fh.seek(offset)
+        for line in fh:
+            if not line.startswith(_EPISODE):
+                continue
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            data.pop("record", None)
+            yield EpisodeRecord.from_dict(data)
 
 
 def results_paths(results: Path, baseline: str | None, here: Path) -> tuple[Path, Path | None]:

@@ -8,6 +8,7 @@ flushed to disk) the moment its report reaches the controller, and a crash leave
     {"record": "episode", "task": "evals/test_cartpole.py::test_balance", "episode": "7", "seed": 7,
      "outcome": "passed", "success": true, "score": 1.0, "total_reward": 500.0, "steps": 500, ...}
     ...
+    {"record": "progress", "line": "hud progress: 2 of 50 episodes done, ...", ...}   (every few seconds)
     {"record": "summary", "tasks": {TASK: {n, successes, success_rate, ci_low, ci_high, ...}},
      "coverage": {...}, "gate": {...} | null, "provenance": {...}}
 
@@ -409,6 +410,8 @@ def load_results(path: str | os.PathLike[str]) -> Results:
             unknown.update(episodes[-1].unknown)
         elif kind == "summary":
             summary = rec
+        elif kind == "progress":
+            continue  # the live progress line, for tools that tail the file
         else:
             raise ValueError(f"{path}:{lineno} is not a pytest-hud results record")
     if not run:
@@ -445,6 +448,10 @@ class ResultsWriter:
 
     def episode(self, record: EpisodeRecord) -> None:
         self._write({"record": "episode", **record.to_dict()})
+
+    def progress(self, record: Mapping[str, Any]) -> None:
+        """A live progress record (``{"record": "progress", ...}``); readers skip it."""
+        self._write(to_builtin(dict(record)))
 
     def summary(self, tasks: Mapping[str, TaskSummary], coverage: Mapping[str, Any],
                 provenance: Mapping[str, Any], gate: Any = None, sensitivity: Any = None) -> None:

@@ -7,7 +7,18 @@ from typing import Any
 
 from pytest_hud.report.table import gate_lines, sim_success_notes, summary_lines
 
-__all__ = ["write_summary"]
+__all__ = ["write_progress", "write_summary"]
+
+
+def write_progress(tr: Any, line: str) -> None:
+    """The live progress line on a line of its own (no-op without a terminal reporter)."""
+    if tr is None:
+        return
+    # Start a fresh line (under xdist the dots row has no file path, so write_line alone would
+    # not) so pytest's own progress dots and percentages stay intact around ours.
+    if getattr(tr._tw, "width_of_current_line", 0):
+        tr._tw.line()
+    tr.write_line(line, cyan=True)
 
 
 def write_summary(tr: Any, tasks: Mapping[str, Any], verdicts: list[Any] | None, coverage: Mapping[str, Any],

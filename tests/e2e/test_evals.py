@@ -27,6 +27,19 @@ def test_the_example_suites_run_with_eight_workers_on_width_eight(tmp_path):
     for task in ("test_cartpole.py::test_balance", "test_mountain_car.py::test_reach_the_flag",
                  "test_reach_pixels.py::test_reach_the_goal"):
         assert task in out.stdout
+    # The first command ends with a verdict: each suite's floor gates it, and the failed episodes
+    # (MountainCar misses the flag on 2 of 24 seeds) are data, not a red run.
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "gate: PASSED (" in out.stdout and "failed" in out.stdout.splitlines()[-1]
+
+
+def test_an_earlier_checkpoint_fails_the_floor_of_the_example_suite(tmp_path):
+    """Without a baseline file: the suite's own floor (min_success=0.9) catches the worse checkpoint."""
+    out = pytest_evals("evals/test_cartpole.py", "-n", "2",
+                       "--hud-policy=evals/policies/numpy_policies.py:cartpole_early",
+                       f"--hud-results={tmp_path / 'r.jsonl'}")
+    assert out.returncode == 1, out.stdout[-3000:]
+    assert "gate: REGRESSION test_cartpole.py::test_balance" in out.stdout and "below the floor 90.0%" in out.stdout
 
 
 # Each run writes its own results file: evals/pytest.ini's default, hud-results.jsonl in the

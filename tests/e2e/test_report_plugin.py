@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -81,12 +82,22 @@ def test_failed_episodes_get_videos_and_every_episode_a_trace(project):
 
 
 def test_live_progress_lines_under_xdist(project):
-    result = run(project, "-n", "2", "--hud-progress-interval=0.001", "--hud-video=none")
+    result = run(project, "-n", "2", "--hud-progress-interval=0.001", "--hud-video=none", "--hud-results=r.jsonl")
     result.assert_outcomes(passed=2, failed=2)
-    result.stdout.fnmatch_lines(["hud progress: test_reach * (*/4*)"])
+    result.stdout.fnmatch_lines(["hud progress: * of 4 episodes done, */min, * | success so far: test_reach */*"])
     lines = [line for line in result.stdout.lines if line.startswith("hud progress:")]
     assert len(lines) >= 2
     assert not any("hud progress" in line and not line.startswith("hud progress") for line in result.stdout.lines)
+    # The last episode's line: all done, nothing left, and the success is read as a count with its interval.
+    assert lines[-1].startswith("hud progress: 4 of 4 episodes done, ")
+    assert "about 0s left | success so far: test_reach 2/4 = 50% [15-85%]" in lines[-1]
+    # The same lines in the results file, for tools that tail it; the file still loads.
+    records = [json.loads(line) for line in (project.path / "r.jsonl").read_text().splitlines()]
+    progress = [r for r in records if r["record"] == "progress"]
+    assert [r["line"] for r in progress] == lines
+    assert progress[-1]["done"] == progress[-1]["total"] == 4 and progress[-1]["eta_s"] == 0
+    assert progress[-1]["tasks"]["test_reach.py::test_reach"]["successes"] == 2
+    assert len(load_results(project.path / "r.jsonl").episodes) == 4
 
 
 def test_live_progress_is_off_with_interval_zero(project):
