@@ -32,6 +32,7 @@ from pytest_hud.controller.kept_reports import ReportLightener
 from pytest_hud.controller.progress import progress_record
 from pytest_hud.controller.ledger import Ledger
 from pytest_hud.controller.provenance import PolicyHashes, provenance
+from pytest_hud.controller.signals import sigterm_as_interrupt
 from pytest_hud.controller.results_file import episodes_written, results_paths, settle_baseline
 from pytest_hud.core.specs import portable_spec
 from pytest_hud.core.results import EpisodeRecord, ResultsWriter
@@ -99,7 +100,7 @@ class HudController:
 
             self._policy_files = policy_files(settings.policy)
             self.policy_hashes.start(settings.policy, self._policy_files)
-        self._old_sigterm = _sigterm_as_interrupt()
+        self._old_sigterm = sigterm_as_interrupt()
         self.results_path: Path | None = None
         self.baseline_path: Path | None = None  # set when the results file is the baseline too
         self._spool: tempfile.TemporaryDirectory | None = None  # the records' file without --hud-results
@@ -490,21 +491,3 @@ def _launcher(settings: HudSettings, spec: Any) -> Any:
     except LaunchError as exc:
         raise pytest.UsageError(str(exc)) from None
     return None
-
-
-def _sigterm_as_interrupt():
-    """Make SIGTERM end the run like Ctrl-C, so teardown stops the pool and removes its secrets.
-
-    Returns the previous handler (None when not on the main thread or someone else handles it).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous not in (signal.SIG_DFL, None):
-        return None  # another tool manages SIGTERM: leave it alone
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt("SIGTERM")
-
-    signal.signal(signal.SIGTERM, interrupt)
-    return previous
