@@ -169,9 +169,20 @@ def gate_lines(verdicts: list[Any], *, strict: bool = False, reasons: bool = Tru
     from pytest_hud.gate import gate_passed, nothing_compared
 
     lines: list[tuple[str, bool]] = []
-    for v in verdicts if reasons else ():
-        if v.verdict != "pass":
-            lines.append((f"gate: {v.verdict.upper()} {v.task}: {v.reason}", not gate_passed([v], strict=strict)))
+    shown = [v for v in verdicts if reasons and v.verdict != "pass"]
+    # Many tasks that pass the gate without a baseline for one reason (a robustness suite's levels,
+    # a suite with no floor) are one line, by test function, not a screenful.
+    quiet: dict[str, list[Any]] = {}
+    for v in shown:
+        if v.verdict == "no baseline" and not strict:  # (strict: each fails the gate, so each is named)
+            quiet.setdefault(v.reason, []).append(v)
+    for v in shown:
+        group = quiet.get(v.reason, ()) if v.verdict == "no baseline" else ()
+        if len(group) > 3 and any(v is g for g in group):
+            if v is group[0]:
+                lines.append((f"gate: NO BASELINE for {len(group)} tasks ({v.reason}): {_by_function(group)}", False))
+            continue
+        lines.append((f"gate: {v.verdict.upper()} {v.task}: {v.reason}", not gate_passed([v], strict=strict)))
     pairs = sorted({(v.policy, v.baseline_policy) for v in verdicts if v.baseline_policy},
                    key=lambda pair: (str(pair[0]), str(pair[1])))
     if len(pairs) == 1:
@@ -189,6 +200,15 @@ def gate_lines(verdicts: list[Any], *, strict: bool = False, reasons: bool = Tru
     if nothing:
         lines.append((f"gate: {nothing}", True))
     return lines
+
+
+def _by_function(verdicts: list[Any]) -> str:
+    """``a.py::test_x (14 tasks), b.py::test_y``: the tasks' test functions, in order of appearance."""
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        function = v.task.split("[", 1)[0]
+        counts[function] = counts.get(function, 0) + 1
+    return ", ".join(f"{f} ({n} tasks)" if n > 1 else f for f, n in counts.items())
 
 
 def sim_success_notes(tasks: Mapping[str, TaskSummary]) -> list[str]:
