@@ -254,8 +254,8 @@ def load_policy(spec: str, contract: Contract, **options: Any) -> Any:
             torch.set_num_threads(int(threads))
         try:
             return LeRobotPolicy.from_checkpoint(
-                spec, contract.observation_shapes(), device=options.get("device", "cpu"), n_action_steps=options.get("n_action_steps")
-            )
+                spec, contract.observation_shapes(), device=options.get("device", "cpu"),
+                n_action_steps=options.get("n_action_steps"), rename=options.get("rename") or None)
         except ImportError as exc:  # its message already names the fix
             raise PolicyError(str(exc)) from None
     from pytest_hud.sim.target import TargetError, resolve_factory, unimportable

@@ -77,7 +77,7 @@ class HudController:
             first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
             vectorization=settings.vectorization, tick=settings.tick, tick_window=settings.tick_window,
             batched_policy=settings.policy_server,
-            io_thread=settings.io_thread,
+            io_thread=settings.io_thread, policy_rename=settings.rename,
             cwd=invocation,
             python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
         )

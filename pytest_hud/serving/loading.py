@@ -28,7 +28,8 @@ from pytest_hud.launch.announce import parent_alive
 __all__ = ["check_contract", "load_ahead", "load_server_policy", "wait_for_contract"]
 
 
-def load_server_policy(spec: str, contract_path: str | None = None, device: str = "cpu") -> Any:
+def load_server_policy(spec: str, contract_path: str | None = None, device: str = "cpu",
+                       rename: dict[str, str] | None = None) -> Any:
     """The model a server ``--policy`` spec names (see the module docstring for the contract rules)."""
     from pytest_hud.core.contract import Contract
     from pytest_hud.agent.model import PolicyError, load_policy, policy_kind
@@ -40,7 +41,7 @@ def load_server_policy(spec: str, contract_path: str | None = None, device: str 
             "(a LeRobot checkpoint directory or 'module:factory'); point --hud-policy at the URL instead"
         )
     if contract_path:
-        return load_policy(spec, Contract.load(contract_path), device=device)
+        return load_policy(spec, Contract.load(contract_path), device=device, rename=rename)
     if kind == "lerobot":
         try:
             from pytest_hud.agent.lerobot import LeRobotPolicy
@@ -49,11 +50,11 @@ def load_server_policy(spec: str, contract_path: str | None = None, device: str 
                 f"policy {spec!r} is a LeRobot checkpoint but LeRobot is not importable ({exc}); "
                 "install it with: pip install 'pytest-hud[lerobot]'"
             ) from None
-        return LeRobotPolicy.from_checkpoint(spec, None, device=device)
+        return LeRobotPolicy.from_checkpoint(spec, None, device=device, rename=rename)
     return load_policy(spec, None, device=device)  # type: ignore[arg-type]
 
 
-def load_ahead(spec: str, device: str = "cpu") -> Any | None:
+def load_ahead(spec: str, device: str = "cpu", rename: dict[str, str] | None = None) -> Any | None:
     """What a server can do for ``spec`` before its contract is known.
 
     A LeRobot checkpoint loads without one (the contract only checks the inputs, afterwards:
@@ -66,7 +67,7 @@ def load_ahead(spec: str, device: str = "cpu") -> Any | None:
 
     kind = policy_kind(spec)
     if kind == "lerobot":
-        return load_server_policy(spec, None, device)
+        return load_server_policy(spec, None, device, rename)
     if kind == "factory":
         from pytest_hud.sim.target import resolve_factory
 
