@@ -96,7 +96,7 @@ def bridged(width: int, steps: int, vectorization: str | None) -> tuple[float, s
             actions = np.random.default_rng(k).uniform(-1, 1, (steps, 7)).astype(np.float32)
             with ControlClient(address) as control:
                 claim = control.claim(seed=k, task=TASK)
-                with SlotClient(address, claim.token) as ws:
+                with SlotClient(address, claim.token, connect_timeout=600) as ws:  # its env builds first
                     barrier.wait(600)  # every slot reset (and its env built) before anyone steps
                     t0 = time.perf_counter()
                     for action in actions:
