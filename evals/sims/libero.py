@@ -53,10 +53,17 @@ contexts (one task's geometry with another's textures) and free each other's GL 
 here renders through :class:`_OwnContext`, robosuite's offscreen context that makes itself current
 (and selects its offscreen buffer) before rendering, reading pixels and freeing: frames in a
 multi-env process are bit-identical to the same episode run alone (``tests/e2e/libero``).
+Rendering is about 90 % of a step with both 256-px cameras, so a step whose images the policy will
+not read (the middle of an action chunk: ``hud_skip_render``, see ``pytest_hud.sim.renders``) turns
+the camera observables off for that step and keeps the last images; the physics never reads a
+frame, and the cameras are turned on again on the robot observables' sampling clock, so the frames
+that are read are the ones rendering every step gives (``tests/e2e/libero``).
 
 Factory (bridge target): ``libero.py:libero`` with build arguments ``suite`` ("libero_spatial"),
 ``cameras`` (True), ``size`` (256), ``max_episode_steps`` (the suite's limit), ``stop_on_success``
 (True), ``cache_size`` (envs kept per slot; 2 with cameras, 4 without), ``privileged`` (False).
+It declares ``hud_vectorization = "processes"``: under ``auto`` a bridge of two or more slots on two
+or more cores runs its slots in one process per core.
 
 **Privileged state** (``privileged=True``, pick-and-place goals such as libero_spatial's): the
 observation also carries ``environment_state`` float32[9], live world positions of the goal's object,
@@ -348,6 +355,13 @@ class LiberoTask(gym.Env):
         self.action_space = spaces.Box(-1.0, 1.0, shape=(7,), dtype=np.float32)
         self._seed = 0
         self._steps = 0
+        self._skip_next = False  # the next step's camera images go unread (hud_skip_render)
+        self._images: dict[str, np.ndarray] = {}  # the last rendered ones
+
+    def hud_skip_render(self, skip: bool) -> None:
+        """The next step's images will not be read: that step renders no camera and its
+        observation keeps the last images (``pytest_hud.sim.renders``; see "Rendering" above)."""
+        self._skip_next = bool(skip) and self.cameras
 
     def _fix_context(self) -> None:
         if self.cameras and self.own_context:
@@ -372,7 +386,7 @@ class LiberoTask(gym.Env):
                     camera._sampled = clock._sampled
                     camera._current_delay = clock._current_delay
 
-    def _observation(self, raw: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _observation(self, raw: dict[str, Any], rendered: bool = True) -> dict[str, np.ndarray]:
         """The policy's observation from robosuite's (the one place observations are assembled)."""
         from robosuite.utils.transform_utils import quat2axisangle
 
@@ -381,8 +395,10 @@ class LiberoTask(gym.Env):
         obs = {"state": state.astype(np.float32),
                "proprio": np.asarray(raw["robot0_proprio-state"], dtype=np.float32)}
         if self.cameras:
-            for name in CAMERAS:
-                obs[name] = np.ascontiguousarray(raw[name][::-1, ::-1])  # rotated 180 degrees, as openpi
+            if rendered:
+                for name in CAMERAS:
+                    self._images[name] = np.ascontiguousarray(raw[name][::-1, ::-1])  # rotated, as openpi
+            obs.update(self._images)
         if self.privileged:  # object, target and nearest other object positions (libero_goal.py)
             obs["environment_state"] = _goal_module().environment_state(self.env.env, self._goal)
         return obs
@@ -408,20 +424,27 @@ class LiberoTask(gym.Env):
                 raw, _, _, _ = self.env.step(list(SETTLE_ACTION))
         finally:
             self._render_cameras(True)
-        self._steps = 0
+        self._steps, self._skip_next = 0, False
         info = {"success": False, "is_success": False, "task": self.task, "init_state": self._seed,
                 "instruction": self.instruction}
         return self._observation(raw), info
 
     def step(self, action: np.ndarray):
         action = np.clip(np.asarray(action, dtype=np.float64).reshape(7), -1.0, 1.0)
-        raw, reward, _, info = self.env.step(action.tolist())
+        skip, self._skip_next = self._skip_next, False
+        if skip:
+            self._render_cameras(False)
+        try:
+            raw, reward, _, info = self.env.step(action.tolist())
+        finally:
+            if skip:
+                self._render_cameras(True)
         self._steps += 1
         success = bool(self.env.check_success())
         info = dict(info, success=success, is_success=success, task=self.task)
         terminated = self.stop_on_success and success
         truncated = self._steps >= self.max_episode_steps
-        return self._observation(raw), float(reward), terminated, truncated, info
+        return self._observation(raw, not skip), float(reward), terminated, truncated, info
 
     def close(self) -> None:
         env, self.env = getattr(self, "env", None), None
@@ -450,3 +473,9 @@ def libero(num_envs: int, suite: str = "libero_spatial", cameras: bool = True, s
 
     return MultiTaskSim(num_envs, tasks, make_env, cache_size=cache_size,
                         instructions={task: instruction(suite, task) for task in tasks})
+
+
+# Each env's step costs 23-250 ms of one core and each holds its own GL context: with
+# --hud-vectorization=auto (the default) a bridge of two or more slots steps its envs in one process
+# per core, as fast as separate processes would (benchmarks/libero_layouts.py).
+libero.hud_vectorization = "processes"

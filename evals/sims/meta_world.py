@@ -51,6 +51,9 @@ set here when unset). To reproduce a frame bit for bit outside this module, with
 The observation's frame is rendered after the step (or reset) whose state it shows. These settings
 cut a frame from 85-95 ms to 8-13 ms on a CPU; making the env's own context current every time
 keeps several envs rendering in one process (a bridge's slots) from returning each other's frames.
+A step whose frame its policy will not read (the middle of an action chunk: ``hud_skip_render``,
+see ``pytest_hud.sim.renders``) renders nothing and keeps the last frame; the frames that are read
+are the same as rendering every step (``tests/e2e/meta_world``).
 
 Factories (bridge targets):
 
@@ -289,6 +292,12 @@ class MetaWorldTask(gym.Env):
         self.action_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
         self._variation = variation(task, 0)
         self._steps = 0
+        self._skip_next = False  # the next step's frame goes unread (hud_skip_render)
+        self._frame: np.ndarray | None = None  # the last rendered frame
+
+    def hud_skip_render(self, skip: bool) -> None:
+        """The next step's frame will not be read: keep the last one (pytest_hud.sim.renders)."""
+        self._skip_next = bool(skip)
 
     def _fast_viewer(self, camera: str):
         import mujoco
@@ -316,13 +325,15 @@ class MetaWorldTask(gym.Env):
         frame = self._viewer.render("rgb_array", camera_id=self._camera_id)
         return np.ascontiguousarray(frame[::-1, ::-1])  # the corner cameras are mounted upside down
 
-    def _observation(self, state: np.ndarray) -> dict[str, np.ndarray]:
+    def _observation(self, state: np.ndarray, render: bool = True) -> dict[str, np.ndarray]:
         state = np.asarray(state, dtype=np.float64)
         if self.obs_noise > 0:
             state = state + self._noise.normal(0.0, self.obs_noise, state.shape)
         obs = {"state": state.astype(np.float32)}
         if self.pixels:
-            obs["pixels"] = self.render()
+            if render or self._frame is None:
+                self._frame = self.render()
+            obs["pixels"] = self._frame
         return obs
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -331,7 +342,7 @@ class MetaWorldTask(gym.Env):
             self._variation = variation(self.task, seed)
             self._seed = int(seed)
         self._noise = np.random.default_rng([self._seed, 1])  # the episode's noise, from its seed
-        self._pending = []
+        self._pending, self._skip_next = [], False
         self.env.set_task(self._variation)  # freezes the variation: no random task sampling on reset
         state, info = self.env.reset()
         self._steps = 0
@@ -352,7 +363,8 @@ class MetaWorldTask(gym.Env):
         info = dict(info, success=success, is_success=success, task=self.task)
         terminated = self.stop_on_success and success
         truncated = bool(truncated) or self._steps >= self.max_episode_steps
-        return self._observation(state), float(reward), terminated, truncated, info
+        render, self._skip_next = not self._skip_next, False
+        return self._observation(state, render), float(reward), terminated, truncated, info
 
     def close(self) -> None:
         viewer, self._viewer = self._viewer, None

@@ -119,6 +119,10 @@ class EpisodeLoop:
         self._action: np.ndarray | None = None
         self._spent = 0.0  # planning time charged to the action in flight
         self._chunk = _Chunker(contract)
+        # every frame's images are read by a should_stop or an observer that reads images (videos,
+        # datasets; a trace reads no image: ``reads_images = False``)
+        self._reads_all = should_stop is not None or any(
+            getattr(o, "reads_images", True) for o in self.observers)
 
     def begin(self, frame: Mapping[str, Any]) -> np.ndarray | None:
         """The episode's first observation; returns the first action (None: nothing to do)."""
@@ -134,6 +138,14 @@ class EpisodeLoop:
         for obs in self.observers:
             obs.on_step(self._action, frame, self._spent)
         return self._next(frame)
+
+    @property
+    def reads_next(self) -> bool:
+        """Whether anyone reads the images of the observation the action in flight brings: the
+        model does when its chunk is used up (it plans on that frame), observers and ``should_stop``
+        read every frame. The shells send it with the action, so the sim skips renders no one reads
+        (:mod:`pytest_hud.sim.renders`)."""
+        return self._reads_all or not self.queue
 
     def _next(self, frame: Mapping[str, Any]) -> np.ndarray | None:
         self._action = None

@@ -61,7 +61,7 @@ class Agent:
             try:
                 action = loop.begin(slot.first_observation)
                 while action is not None:
-                    action = loop.observe(slot.step(action))
+                    action = loop.observe(slot.step(action, loop.reads_next))
             finally:
                 loop.close()
         return self._finish(episode, loop)
@@ -78,7 +78,7 @@ class Agent:
             try:
                 action = loop.begin(slot.first_observation)
                 while action is not None:
-                    action = loop.observe(await slot.step(action))
+                    action = loop.observe(await slot.step(action, loop.reads_next))
             finally:
                 loop.close()
                 await slot.close()

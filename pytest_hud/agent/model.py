@@ -267,8 +267,8 @@ def load_policy(spec: Spec | str, contract: Contract, **options: Any) -> Any:
             torch.set_num_threads(int(threads))
         try:
             return LeRobotPolicy.from_checkpoint(
-                spec.text, contract.observation_shapes(), device=options.get("device", "cpu"), n_action_steps=options.get("n_action_steps")
-            )
+                spec.text, contract.observation_shapes(), device=options.get("device", "cpu"),
+                n_action_steps=options.get("n_action_steps"), rename=options.get("rename") or None)
         except ImportError as exc:  # its message already names the fix
             raise PolicyError(str(exc)) from None
     try:

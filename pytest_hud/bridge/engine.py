@@ -402,6 +402,9 @@ class BridgeEngine:
             raise self.refuse_action(
                 slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})") from None
         slot.pending_action, slot.acted_at = action, now
+        # {"actions": ..., "render": False}: the agent will not read this step's images (a frame
+        # without the key, as every openpi/0 peer sends, gets them rendered)
+        slot.skip_render = action_frame.get("render", True) is False
         slot.deadline = None  # its clock restarts when its next observation is ready
 
     def refuse_action(self, slot: Slot, reason: str) -> BadAction:

@@ -401,7 +401,8 @@ class BridgeServer:
         self._step_started = now
         if not self._ticked_from:
             self._ticked_from = now
-        self._call(self._tick_done, plan, park_step_observe, self.sim, plan.park, plan.actions, plan.mask)
+        self._call(self._tick_done, plan, park_step_observe, self.sim, plan.park, plan.actions, plan.mask,
+                   plan.unread)
 
     def _tick_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
         self._ticked_until = time.monotonic()
@@ -449,7 +450,8 @@ class BridgeServer:
         self._lanes_busy.add(lane)
         if not self._ticked_from:
             self._ticked_from = time.monotonic()
-        self._call(self._lane_sent, plan, self.sim.lane_begin, lane, plan.actions, plan.mask)  # type: ignore[attr-defined]
+        self._call(self._lane_sent, plan, self.sim.lane_begin, lane, plan.actions, plan.mask,  # type: ignore[attr-defined]
+                   plan.unread)
 
     def _lane_sent(self, plan: Any, result: Any, error: BaseException | None) -> None:
         if error is not None:

@@ -44,8 +44,10 @@ def reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None, rebuild=(
     return flags, {k: v[idx] for k, v in sim.observe().items()}, faults  # fancy indexing copies the rows
 
 
-def park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask: np.ndarray | None = None):
-    """Park finished slots, step (``mask``: only those slots), observe; slot faults ride along."""
+def park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask: np.ndarray | None = None,
+                      unread: np.ndarray | None = None):
+    """Park finished slots, step (``mask``: only those slots; ``unread``: slots whose images no one
+    reads, :meth:`VectorSim.skip_renders`), observe; slot faults ride along."""
     faults = FaultLog()
     if park:
         if getattr(sim, "tasks", ()):  # a None task: the episode is over, idle until the next claim
@@ -55,6 +57,8 @@ def park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask
         if faults:  # a parked env that raised is not stepped: it is rebuilt
             mask = np.ones(sim.width, bool) if mask is None else mask.copy()
             mask[list(faults)] = False
+    if unread is not None:
+        sim.skip_renders(unread)
     batch = faults.call(sim.step, actions) if mask is None else faults.call(sim.step_slots, actions, mask)
     return batch, sim.observe(), faults
 

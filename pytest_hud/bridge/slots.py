@@ -56,6 +56,7 @@ class Slot:
     connected: bool = False
     pending_action: Any = None
     acted_at: float = 0.0  # when pending_action arrived: opens ready mode's tick window
+    skip_render: bool = False  # its agent will not read the images its pending action brings
     last_action: Any = None  # kept across episodes: the "repeat" hold for a free slot
     needs_park_reset: bool = False  # finished sub-env must be reset before the next step
     last_task: str | None = None  # the task of its latest claim (multi-task sims): kept across episodes

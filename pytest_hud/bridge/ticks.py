@@ -106,6 +106,7 @@ class TickPlan:
     acting: list[tuple[Slot, str | None, Any]]  # (slot, its token, its action) when planned
     mask: np.ndarray | None = None
     lane: int | None = None  # lanes mode: the lane this step belongs to
+    unread: np.ndarray | None = None  # [N] bool: slots whose next images no one reads (None: all read)
     started: float = 0.0  # lanes mode: when the bridge began the step
 
 
@@ -178,7 +179,7 @@ class TickRules:
                     mask[s.index] = True
                 else:
                     actions[s.index] = self.hold_action  # keeps the batch well-formed; not stepped
-            return TickPlan(actions, park, acting, mask)
+            return TickPlan(actions, park, acting, mask, unread=_unread(acting, len(self.slots)))
         repeat = self.hold == "repeat"
         # a slot out of service (its env raised) is neither parked nor stepped: only the others are
         out = [s.index for s in self.slots if s.service is not None] if self.isolates else []
@@ -197,7 +198,7 @@ class TickRules:
                 actions[s.index] = s.last_action
             else:
                 actions[s.index] = self.hold_action
-        return TickPlan(actions, park, acting, mask)
+        return TickPlan(actions, park, acting, mask, unread=_unread(acting, len(self.slots)))
 
     def plan_lane(self, lane: int) -> TickPlan | None:
         """Lanes mode: the step of ``lane``'s LIVE slots once every one of them has acted, else None.
@@ -218,7 +219,7 @@ class TickRules:
         for s, _, action in acting:
             actions[s.index] = action
             mask[s.index] = True
-        return TickPlan(actions, [], acting, mask, lane)
+        return TickPlan(actions, [], acting, mask, lane, unread=_unread(acting, len(self.slots)))
 
     def apply_batch(self, plan: TickPlan, batch: Any, obs: dict[str, np.ndarray],
                     now: float, pack: Callable[..., Any] | None = None) -> list[tuple[int, Any]]:
@@ -270,6 +271,16 @@ class TickRules:
                 s.deadline, s.awaiting = deadline, "action"
             frames.append((i, frame(i, reward, done, truncated, s.success)))
         return frames
+
+
+def _unread(acting: list[tuple[Slot, str | None, Any]], width: int) -> np.ndarray | None:
+    """The ``[N]`` flags of the acting slots whose agents will not read the step's images, or None."""
+    skip = [s.index for s, _, _ in acting if s.skip_render]
+    if not skip:
+        return None
+    unread = np.zeros(width, bool)
+    unread[skip] = True
+    return unread
 
 
 def _rows(obs: dict[str, np.ndarray]) -> Callable[[int, float, bool, bool, bool], dict[str, Any]]:

@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from pytest_hud.client.protocol import (
     BridgeError, Claim, action_frame, claim_frame, closed_error, control_error, read_claim, read_contract,
-    ObservationReader, read_frame, send_error,
+    ObservationReader, read_frame, send_error, unrendered_action_frame,
 )
 from pytest_hud.core.contract import Contract
 from pytest_hud.wire.rpc import AsyncRpcClient, RpcClient, RpcError
@@ -300,9 +300,10 @@ class SlotClient:
                 late = None
             raise (send_error(exc, late) if late is not None else _exited(closed_error(exc), self._pid)) from None
 
-    def step(self, action: Any) -> dict[str, Any]:
-        """Send one action (``[A]``), return the next observation frame."""
-        self._send(action_frame(action))
+    def step(self, action: Any, render: bool = True) -> dict[str, Any]:
+        """Send one action (``[A]``), return the next observation frame (``render=False``: its
+        images go unread, and may be the last rendered ones: :mod:`pytest_hud.sim.renders`)."""
+        self._send(action_frame(action) if render else unrendered_action_frame(action))
         return self._read(self._recv(self.recv_timeout))
 
     def close(self) -> None:
@@ -382,9 +383,9 @@ class AsyncSlotClient:
             raise (send_error(exc, late) if late is not None
                    else await _aexited(closed_error(exc), self._pid)) from None
 
-    async def step(self, action: Any) -> dict[str, Any]:
-        """Send one action (``[A]``), return the next observation frame."""
-        await self._send(action_frame(action))
+    async def step(self, action: Any, render: bool = True) -> dict[str, Any]:
+        """Send one action (``[A]``), return the next observation frame (``render``: see :class:`SlotClient`)."""
+        await self._send(action_frame(action) if render else unrendered_action_frame(action))
         return self._read(await self._recv(self.recv_timeout))
 
     async def close(self) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "ObservationReader",
     "action_frame",
     "claim_frame",
+    "unrendered_action_frame",
     "closed_error",
     "control_error",
     "read_claim",
@@ -85,6 +86,21 @@ def claim_frame(token: str | None) -> bytes:
 
 #: One action ``[A]`` as the frame the bridge steps with (no wrapper: a slot sends one every step).
 action_frame = pack_action
+
+# "render": False after the action: a two-entry map, the action's bytes as pack_action writes them
+_NO_RENDER = packb("render") + packb(False)
+
+
+def unrendered_action_frame(action: Any) -> bytes:
+    """:func:`action_frame` plus ``"render": False``: the agent will not read the images of the
+    observation this action brings, so the sim may skip rendering them (:mod:`pytest_hud.sim.renders`).
+
+    >>> from pytest_hud.wire.codec import unpackb
+    >>> sorted(unpackb(unrendered_action_frame([0.5, 1.0])))
+    ['actions', 'render']
+    """
+    frame = pack_action(action)
+    return b"\x82" + frame[1:] + _NO_RENDER
 
 
 def read_frame(raw: bytes | str, what: str) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class BridgeSpec:
     batched_policy: bool = False  # a batching policy server answers the episodes (--hud-policy-server)
     tick_window: float = 0.001  # settings.OPTIONS["tick_window"]
     io_thread: bool = False  # settings.OPTIONS["io_thread"]
+    policy_rename: dict[str, str] = field(default_factory=dict)  # HudSettings.rename, for policy servers
     host: str = "127.0.0.1"
     cwd: str | None = None
     python_path: list[str] = field(default_factory=list)

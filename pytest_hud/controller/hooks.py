@@ -82,7 +82,7 @@ class HudController:
             first_action_timeout=timeouts.first_action, step_timeout=timeouts.step,
             vectorization=settings.vectorization, inline=settings.inline, tick=settings.tick,
             tick_window=settings.tick_window, batched_policy=settings.policy_server,
-            io_thread=settings.io_thread, cwd=invocation,
+            io_thread=settings.io_thread, policy_rename=settings.rename, cwd=invocation,
             python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
         )
         self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach,

@@ -91,8 +91,10 @@ class PolicyServers:
         # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
         # API key when given none; workers send the secret (session.HudSession.agent).
         threads = self.server_threads()
+        rename = self.spec.policy_rename
         return ["-m", SERVER_MODULE, "--policy", spec, "--port", "0",
-                *(["--threads", str(threads)] if threads else [])]
+                *(["--threads", str(threads)] if threads else []),
+                *(["--rename", json.dumps(rename)] if rename else [])]
 
     def server_threads(self) -> int | None:
         """Torch threads for a policy server that shares this machine's cores with the bridges' env

@@ -49,6 +49,9 @@ OPTIONS: dict[str, Option] = {
     "step_timeout": Option(float, 30.0, "Seconds for each later action"),
     "max_steps": Option(int, None, "Stop and grade an episode after this many steps"),
     "n_action_steps": Option(int, None, "Actions executed from each predicted chunk before re-planning"),
+    "policy_rename": Option(str, None, "Feed an observation key to a LeRobot checkpoint as another input "
+                            "feature: OBS=FEATURE, e.g. agentview_image=observation.images.image (repeat the "
+                            "flag or separate with commas)", repeat=True),
     "policy_server": Option(bool, False, "Serve the policy from one batched policy server per run (workers load no model)"),
     "vectorization": Option(str, "auto", "How bridges vectorize single envs: auto (processes when an env's "
                             "step takes 1 ms or more and there are several slots and cores, else sync), sync "
@@ -183,6 +186,7 @@ class HudSettings:
     step_timeout: float = 30.0
     max_steps: int | None = None
     n_action_steps: int | None = None
+    policy_rename: str | None = None  # "OBS=FEATURE,..."; see the rename property
     policy_server: bool = False
     vectorization: str = "auto"
     inline: str = "auto"
@@ -272,6 +276,7 @@ class HudSettings:
         if self.allow_incomplete_baseline and not self.baseline:
             raise SettingsError("--hud-allow-incomplete-baseline is about --hud-baseline: add --hud-baseline FILE")
         self.axes  # noqa: B018 - raises SettingsError for an axis without a name
+        self.rename  # noqa: B018 - raises SettingsError for a pair without '='
         if self.accept_difference is not None and not self.accepted_differences:
             raise SettingsError("--hud-accept-difference needs a field name: sim, build, max_steps, contract or "
                                 "n_action_steps")
@@ -287,6 +292,24 @@ class HudSettings:
                     raise SettingsError(f"--hud-axis {part.strip()!r} names no parameter: give NAME or NAME=REFERENCE")
                 continue
             out[name.strip()] = reference.strip() if sep else None
+        return out
+
+    @property
+    def rename(self) -> dict[str, str]:
+        """``--hud-policy-rename`` as observation key -> the LeRobot input feature it feeds.
+
+        >>> HudSettings(policy_rename="agentview_image=observation.images.image").rename
+        {'agentview_image': 'observation.images.image'}
+        """
+        out: dict[str, str] = {}
+        for part in (self.policy_rename or "").split(","):
+            key, sep, feature = (p.strip() for p in part.partition("="))
+            if not part.strip():
+                continue
+            if not (sep and key and feature):
+                raise SettingsError(f"--hud-policy-rename {part.strip()!r} is not OBS=FEATURE, e.g. "
+                                    "agentview_image=observation.images.image")
+            out[key] = feature
         return out
 
     @property

@@ -64,6 +64,10 @@ class TraceRecorder(RecorderBase):
     ``last_path`` is the most recent file; ``result.artefacts["trace"]`` gets it too.
     """
 
+    #: Traces leave camera images out, so an episode traced still skips the renders its policy
+    #: does not read (:mod:`pytest_hud.sim.renders`); every feature a trace keeps is fresh each step.
+    reads_images = False
+
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory).resolve()
         self.last_path: str | None = None

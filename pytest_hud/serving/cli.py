@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -62,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Run a batch as soon as this many requests wait (0: no limit)")
     p.add_argument("--announce", default=None, help="Write the announce JSON here (mode 0600) once serving")
     p.add_argument("--device", default="cpu", help="Torch device for LeRobot checkpoints")
+    p.add_argument("--rename", type=json.loads, default=None, metavar="JSON",
+                   help='A LeRobot checkpoint\'s inputs under other names: {"OBS": "FEATURE", ...}')
     p.add_argument("--threads", type=int, default=0,
                    help="Torch intra-op threads for the model (0: torch's default, one per core)")
     p.add_argument("--parent-pid", type=int, default=None,
@@ -157,12 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         spec = policy_spec(args.policy)  # parsed once: both loads dispatch on its kind
         model = None
         if args.contract_wait:
-            model = load_ahead(spec, args.device)  # while the sims boot
+            model = load_ahead(spec, args.device, args.rename)  # while the sims boot
             if not wait_for_contract(args.contract_wait, parent):
                 return 0  # the run ended before any worker needed this server
             args.contract = args.contract_wait
         if model is None:
-            model = load_server_policy(spec, args.contract, args.device)
+            model = load_server_policy(spec, args.contract, args.device, args.rename)
         elif args.contract:
             check_contract(model, args.contract)
     except Exception as exc:  # noqa: BLE001 - any load failure is reported the same way

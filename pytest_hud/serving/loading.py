@@ -29,7 +29,8 @@ from pytest_hud.launch.announce import parent_alive
 __all__ = ["check_contract", "load_ahead", "load_server_policy", "wait_for_contract"]
 
 
-def load_server_policy(spec: Spec | str, contract_path: str | None = None, device: str = "cpu") -> Any:
+def load_server_policy(spec: Spec | str, contract_path: str | None = None, device: str = "cpu",
+                       rename: dict[str, str] | None = None) -> Any:
     """The model a server ``--policy`` spec names (see the module docstring for the contract rules)."""
     from pytest_hud.core.contract import Contract
     from pytest_hud.agent.model import PolicyError, check_policy_spec, load_policy, policy_spec
@@ -41,7 +42,7 @@ def load_server_policy(spec: Spec | str, contract_path: str | None = None, devic
             "(a LeRobot checkpoint directory or 'module:factory'); point --hud-policy at the URL instead"
         )
     if contract_path:
-        return load_policy(spec, Contract.load(contract_path), device=device)
+        return load_policy(spec, Contract.load(contract_path), device=device, rename=rename)
     if spec.kind == "checkpoint":
         check_policy_spec(spec)  # a folder that is no checkpoint says what it lacks
         try:
@@ -51,11 +52,11 @@ def load_server_policy(spec: Spec | str, contract_path: str | None = None, devic
                 f"policy {spec.text!r} is a LeRobot checkpoint but LeRobot is not importable ({exc}); "
                 "install it with: pip install 'pytest-hud[lerobot]'"
             ) from None
-        return LeRobotPolicy.from_checkpoint(spec.text, None, device=device)
+        return LeRobotPolicy.from_checkpoint(spec.text, None, device=device, rename=rename)
     return load_policy(spec, None, device=device)  # type: ignore[arg-type]
 
 
-def load_ahead(spec: Spec | str, device: str = "cpu") -> Any | None:
+def load_ahead(spec: Spec | str, device: str = "cpu", rename: dict[str, str] | None = None) -> Any | None:
     """What a server can do for ``spec`` before its contract is known.
 
     A LeRobot checkpoint loads without one (the contract only checks the inputs, afterwards:
@@ -68,7 +69,7 @@ def load_ahead(spec: Spec | str, device: str = "cpu") -> Any | None:
 
     spec = policy_spec(spec)
     if spec.kind == "checkpoint":
-        return load_server_policy(spec, None, device)
+        return load_server_policy(spec, None, device, rename)
     if spec.is_factory:
         with contextlib.suppress(Exception):
             resolve(spec)

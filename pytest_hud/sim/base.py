@@ -19,6 +19,7 @@ import numpy as np
 from pytest_hud.core.contract import Contract, derive_contract, flatten_observation
 from pytest_hud.sim.claims import ClaimRules
 from pytest_hud.sim.instructions import declared_instruction
+from pytest_hud.sim.renders import skip_env_renders
 
 if TYPE_CHECKING:
     from pytest_hud.sim.threads import EnvThreads
@@ -34,14 +35,8 @@ class StepBatch:
 
     __slots__ = ("rewards", "score", "success", "terminated", "truncated")
 
-    def __init__(
-        self,
-        rewards: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-        success: np.ndarray | None = None,
-        score: np.ndarray | None = None,
-    ) -> None:
+    def __init__(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                 success: np.ndarray | None = None, score: np.ndarray | None = None) -> None:
         self.rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
         self.terminated = np.asarray(terminated, dtype=bool).reshape(-1)
         self.truncated = np.asarray(truncated, dtype=bool).reshape(-1)
@@ -194,12 +189,8 @@ class VectorSim:
     def contract(self) -> Contract:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def reset_slots(
-        self,
-        indices: Sequence[int],
-        seeds: Sequence[int | None],
-        options: Sequence[Mapping[str, Any] | None],
-    ) -> np.ndarray:  # pragma: no cover - interface
+    def reset_slots(self, indices: Sequence[int], seeds: Sequence[int | None],
+                    options: Sequence[Mapping[str, Any] | None]) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
 
     def step(self, actions: np.ndarray) -> StepBatch:  # pragma: no cover - interface
@@ -218,6 +209,10 @@ class VectorSim:
         """Replace slot ``index``'s env after it raised (``isolates_slots`` sims): close the old one
         (best effort), build a new one and leave it steppable; its next claim resets it with its seed."""
         raise NotImplementedError
+
+    def skip_renders(self, unread: np.ndarray) -> None:
+        """Before a step: ``unread`` (``[N]`` bool) marks the slots whose next images no one reads;
+        a sim may leave them as they were (:mod:`pytest_hud.sim.renders`). Default: render all."""
 
     def hold_action(self) -> np.ndarray:
         """The action given to free, finished and disconnected slots (a no-op where declared)."""
@@ -420,6 +415,10 @@ class GymSim(VectorSim):
             f"on its slot and its neighbours). Use --hud-width=1 with it, make it with "
             f"vectorization_mode='sync' (one env per slot), or write a VectorSim whose reset_slots "
             f"honours each slot's seed")
+
+    def skip_renders(self, unread: np.ndarray) -> None:
+        if self.supports_slot_step:  # one env per slot (a flag only: no call on an env's thread)
+            skip_env_renders(self.env.envs, unread)
 
     def step_slots(self, actions: np.ndarray, mask: np.ndarray) -> StepBatch:
         if not self.supports_slot_step:

@@ -32,6 +32,7 @@ import numpy as np
 
 from pytest_hud.core.contract import Contract, ContractError, derive_contract, flatten_observation
 from pytest_hud.sim.instructions import check_instructions
+from pytest_hud.sim.renders import skip_env_renders
 from pytest_hud.sim.base import (
     SUCCESS_KEYS, SlotFaults, StepBatch, VectorSim, declared_claim_rules, per_slot,
 )
@@ -171,6 +172,9 @@ class MultiTaskSim(VectorSim):
             if env is current:
                 return task
         return self.tasks[0]
+
+    def skip_renders(self, unread: np.ndarray) -> None:
+        skip_env_renders(self._current, unread)  # each slot's env decides (see pytest_hud.sim.renders)
 
     def step(self, actions: np.ndarray) -> StepBatch:
         return self.step_slots(actions, np.ones(self.width, bool))

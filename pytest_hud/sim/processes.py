@@ -70,6 +70,9 @@ def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str,
                 call, args = conn.recv()
             except (EOFError, OSError):
                 return  # the bridge is gone
+            if call == "skip":  # flags for the next step's renders (no answer: the step answers)
+                sim.skip_renders(*args)
+                continue
             if call == "close":
                 sim.close()
                 conn.send(("ok", None))
@@ -222,6 +225,13 @@ class ProcessSim(VectorSim):
             raise SlotFaults(faults, flags, faults.intact)
         return flags
 
+    def skip_renders(self, unread: np.ndarray) -> None:
+        """Each block's flags go down its pipe ahead of its step (blocks with none to skip: nothing)."""
+        for block in self._blocks:
+            rows = np.asarray(unread[block.start:block.stop], bool)
+            if rows.any():  # an env's flag holds for its next step only
+                block.send("skip", rows)
+
     def step(self, actions: np.ndarray) -> StepBatch:
         self._idle("step")
         for block in self._blocks:
@@ -254,11 +264,15 @@ class ProcessSim(VectorSim):
 
     # Lane ticks (``--hud-tick=lanes``): a block's step is sent, and its answer read once the pipe is
     # readable, while other blocks' steps are under way. A block has at most one call in flight.
-    def lane_begin(self, lane: int, actions: np.ndarray, mask: np.ndarray) -> None:
-        """Start stepping the slots of block ``lane`` where ``mask`` is True; returns at once."""
+    def lane_begin(self, lane: int, actions: np.ndarray, mask: np.ndarray,
+                   unread: np.ndarray | None = None) -> None:
+        """Start stepping the slots of block ``lane`` where ``mask`` is True (``unread``: see
+        :meth:`skip_renders`); returns at once."""
         block = self._blocks[lane]
         if lane in self._in_flight:
             raise RuntimeError(f"the env process of {block.slots} is already stepping")
+        if unread is not None and unread[block.start:block.stop].any():
+            block.send("skip", np.asarray(unread[block.start:block.stop], bool))
         block.send("step_slots", actions[block.start:block.stop], mask[block.start:block.stop])
         self._in_flight.add(lane)
 

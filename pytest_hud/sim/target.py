@@ -78,13 +78,17 @@ def load_sim(
     kwargs = dict(build_args or {})
     asked = vectorization
     # auto is settled below for a factory of single envs; a sim the factory vectorizes runs as it is
-    # (timing a multi-task sim's slot and splitting it measured slower for a whole suite:
-    # see docs/benchmarks.md)
-    if vectorization == "auto":
-        vectorization = "sync"
+    # unless the factory declares its layout (_declared_layout)
     factory = resolve_factory(target)
+    declared = _declared_layout(factory, width) if vectorization == "auto" else None
+    if vectorization == "auto":
+        vectorization = "processes" if declared else "sync"
     if factory is None:
         _check_gym_id(target)
+    elif declared:  # built once, in its processes (the declaration says its slots are independent envs)
+        sim = _in_processes(target, width, kwargs, control_rate)
+        sim.auto_choice = declared
+        return sim
     elif _accepts_num_envs(factory) or (isinstance(factory, type) and issubclass(factory, VectorSim)):
         built = factory(num_envs=width, **kwargs) if _accepts_num_envs(factory) else factory(width, **kwargs)
         sim = _as_vector_sim(built, width, control_rate)
@@ -174,6 +178,24 @@ def load_sim(
     sim = GymSim(env, control_rate)
     sim.vectorization = "async"
     return sim
+
+
+def _declared_layout(factory: Callable[..., Any] | None, width: int) -> str | None:
+    """``auto`` for a ``num_envs`` factory that declares ``hud_vectorization = "processes"``: its sim is
+    made of independent envs that step slowly and each hold a GL context (LIBERO's): why they go to
+    processes, or None (no declaration, one slot, or one core). Its envs are then built once, in
+    their processes. A ``num_envs`` factory that declares nothing runs as it is (``sync``): timing a
+    multi-task sim's slot and splitting it measured slower for a whole Meta-World suite."""
+    from pytest_hud.sim.threads import default_threads
+
+    if getattr(factory, "hud_vectorization", None) != "processes" or not _accepts_num_envs(factory):
+        return None
+    cores = default_threads(width)
+    if width < 2 or cores < 2:
+        return None
+    return (f"auto chose processes: the sim declares slow, rendering envs (hud_vectorization), so its "
+            f"{width} envs step on {cores} cores as separate processes would (sync keeps them in the "
+            f"bridge's process)")
 
 
 #: ``auto`` spreads a bridge's envs over processes when one env's step takes this long or longer:

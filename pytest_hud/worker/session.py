@@ -181,6 +181,7 @@ class HudSession:
                 served["api_key"] = place.get("key") or self.secret
             try:
                 model = load_policy(spec, contract, n_action_steps=self.settings.n_action_steps,
+                                    rename=self.settings.rename,
                                     timeout=self.settings.first_action_timeout,
                                     threads=_model_threads(), **served)
             except PolicyError as exc:

@@ -106,7 +106,9 @@ def test_two_tasks_stepped_at_once_in_one_bridge_get_the_frames_of_each_episode_
     """The same through a real bridge: a width-2 multi-task bridge of libero_spatial, A and C claimed
     on its two slots and stepped at once (two envs rendering in the bridge's process)."""
     build = {"suite": "libero_spatial"}
-    proc, address = start_bridge(tmp_path, f"{SIM}:libero", 2, "--build-args", json.dumps(build), timeout=300)
+    # sync: both envs in the bridge's process (auto would give each a process of its own)
+    proc, address = start_bridge(tmp_path, f"{SIM}:libero", 2, "--build-args", json.dumps(build),
+                                 "--vectorization", "sync", timeout=300)
     seen: dict[str, dict[str, np.ndarray]] = {}
     try:
         with ControlClient(address, timeout=120) as control:
