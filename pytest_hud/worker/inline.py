@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pytest_hud.bridge.engine import BridgeEngine, Timeouts
-from pytest_hud.bridge.failures import SlotError, SlotFailure, TaskError
+from pytest_hud.bridge.exceptions import SlotError, SlotFailure, TaskError
 from pytest_hud.bridge.simcalls import explain, reset_and_observe
 from pytest_hud.bridge.slots import SlotState
 from pytest_hud.client.protocol import BridgeError, Claim, action_frame, read_frame
@@ -99,7 +99,8 @@ class InlineBridge:
     def stats(self) -> dict[str, Any]:
         engine = self.engine
         return {"width": 1, "target": self.target, "build": engine.build_args, "broken": engine.broken,
-                "ticks": engine.ticks, "env_steps": engine.env_steps, "slot_steps": engine.slot_steps,
+                "ticks": engine.tick_rules.ticks, "env_steps": engine.tick_rules.env_steps,
+                "slot_steps": engine.tick_rules.slot_steps,
                 "episodes": engine.episodes, "uptime_s": time.monotonic() - self.started,
                 "vectorization": "inline", "slots": engine.snapshot()}
 
@@ -134,8 +135,10 @@ class InlineSlot:
         self.metadata = {"claim_required": True, "width": 1, "inline": True}
         self.first_observation = read_frame(packb(frame), "first observation")
 
-    def step(self, action: Any) -> dict[str, Any]:
-        """One action (``[A]``) in, the next observation frame out, as through a bridge.
+    def step(self, action: Any, render: bool = True) -> dict[str, Any]:
+        """One action (``[A]``) in, the next observation frame out, as through a bridge (``render``,
+        the hint that no one reads this step's images, is not needed: an env cheap enough to run in
+        the worker renders what it renders).
 
         The bridge's per-step path without its batch plumbing (one slot has no batch): the action
         as the wire delivers it, checked by the contract; the env stepped as the bridge's sim steps
@@ -160,19 +163,20 @@ class InlineSlot:
         except Exception:  # this episode fails; a fresh env serves the next, as a bridge rebuilds one
             why = explain(traceback.format_exc())
             failure = f"slot {slot.index}: sim raised during step: {why.splitlines()[-1]}\n{why}"
-            engine._end(slot, failure, None)
+            slot.end(failure, None)
             try:
                 sim.rebuild_slot(0)
             except Exception:  # noqa: BLE001 - no env to go on with: later claims hear why
-                engine._mark_broken(traceback.format_exc())
+                engine.faults.mark_broken(traceback.format_exc())
             raise BridgeError(failure) from None
         sim._write_row(0, obs)
         reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
         slot.steps += 1
         slot.total_reward += reward
-        engine.ticks += 1
-        engine.env_steps += 1
-        engine.slot_steps += 1
+        counts = engine.tick_rules
+        counts.ticks += 1
+        counts.env_steps += 1
+        counts.slot_steps += 1
         if info:
             if any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None):  # as GymSim reads it
                 slot.success = True  # latched: a later step cannot take it back
@@ -210,7 +214,7 @@ class AsyncInlineSlot:
         self._slot = slot
         self.metadata, self.first_observation = slot.metadata, slot.first_observation
 
-    async def step(self, action: Any) -> dict[str, Any]:
+    async def step(self, action: Any, render: bool = True) -> dict[str, Any]:
         return self._slot.step(action)
 
     async def close(self) -> None:

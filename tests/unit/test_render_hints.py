@@ -101,11 +101,11 @@ def test_the_engine_hands_the_acting_slots_hints_to_the_sim_with_the_tick():
         if render is not None:
             frame["render"] = render
         engine.submit_action(slot, frame)
-    assert engine.plan_tick().unread.tolist() == [False, True, False]
+    assert engine.tick_rules.plan_tick().unread.tolist() == [False, True, False]
     for slot in slots:
         slot.pending_action = None
         engine.submit_action(slot, {"actions": np.zeros(1, np.float32)})  # no hint: every frame rendered
-    assert engine.plan_tick().unread is None
+    assert engine.tick_rules.plan_tick().unread is None
 
 
 def test_each_slots_env_gets_its_flag_when_it_can_skip_renders():
