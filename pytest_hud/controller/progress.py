@@ -62,8 +62,7 @@ class Progress:
         eta = self.eta_s
         if self.total:
             head += ", time left -" if eta is None else f", about {_duration(eta)} left"
-        parts = [_task_part(task, s) for task, s in self.tasks.items()]
-        return f"hud progress: {head} | success so far: " + ("; ".join(parts) if parts else "-")
+        return f"hud progress: {head} | success so far: " + _tasks_part(self.tasks)
 
 
 def progress_record(progress: Progress) -> dict[str, Any]:
@@ -82,6 +81,29 @@ def progress_record(progress: Progress) -> dict[str, Any]:
                          "ci_low": s.ci_low, "ci_high": s.ci_high}
                   for task, s in progress.tasks.items()},
     }
+
+
+#: tasks a line names at most; past that it names the lowest rates so far and counts the rest
+SHOWN = 4
+
+
+def _tasks_part(tasks: Mapping[str, TaskSummary]) -> str:
+    """Each task's success so far; with more than :data:`SHOWN` tasks, the lowest rates so far (the
+    ones to watch) and a count of the rest, so the line stays one line (the record keeps them all)."""
+    if len(tasks) <= SHOWN:
+        parts = [_task_part(task, s) for task, s in tasks.items()]
+        return "; ".join(parts) if parts else "-"
+    graded = sorted((s.success_rate, task) for task, s in tasks.items() if s.n and s.success_rate is not None)
+    waiting = sum(1 for s in tasks.values() if not s.n)
+    parts = [_task_part(task, tasks[task]) for _, task in graded[:SHOWN - 1]]
+    rest = len(graded) - len(parts)
+    if parts:
+        parts[0] = "lowest " + parts[0]
+    if rest:
+        parts.append(f"{rest} more task{'s' if rest != 1 else ''} graded")
+    if waiting:
+        parts.append(f"{waiting} task{'s' if waiting != 1 else ''} none graded yet")
+    return "; ".join(parts)
 
 
 def _task_part(task: str, s: TaskSummary) -> str:

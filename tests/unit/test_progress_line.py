@@ -45,3 +45,21 @@ def test_the_ledger_times_the_rate_from_the_first_episode_start_and_the_record_c
     assert record["record"] == "progress" and record["line"] == progress.line()
     assert "about 1m00s left" in record["line"]
     assert record["tasks"]["t.py::test_soak"]["successes"] == 15
+
+
+def test_many_tasks_name_the_lowest_rates_and_count_the_rest():
+    from pytest_hud.core.results import TaskSummary
+
+    def task(n, successes):
+        rate = successes / n if n else None
+        return TaskSummary(f"t.py::test_t[{n}-{successes}]", n, successes, 0, 0, 10, rate,
+                           None if rate is None else max(0.0, rate - 0.2), None if rate is None else min(1.0, rate + 0.2),
+                           None, None, None)
+
+    tasks = {s.task: s for s in (task(10, 9), task(10, 2), task(0, 0), task(10, 10), task(10, 5), task(10, 7), task(0, 0))}
+    line = Progress(done=50, total=70, ran=50, elapsed_s=60.0, tasks=tasks).line()
+    tail = line.split("success so far: ", 1)[1]
+    assert tail.startswith("lowest test_t[10-2] 2/10 = 20%")
+    assert [p.split(" ")[0] for p in tail.split("; ")[1:3]] == ["test_t[10-5]", "test_t[10-7]"]
+    assert tail.endswith("; 2 more tasks graded; 1 task none graded yet")  # two ids alike: one entry
+    assert len(line) < 240  # bounded whatever the number of tasks
