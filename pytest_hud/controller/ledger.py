@@ -35,12 +35,14 @@ class _Tally:
     its records, kept as the records arrive."""
 
     __slots__ = ("records", "n", "successes", "errors", "skipped", "reused", "returns", "n_returns",
-                 "steps", "n_steps", "ran", "stamped", "first_start", "last_finish", "busy")
+                 "steps", "n_steps", "ran", "stamped", "first_start", "last_finish", "busy", "sim_checked",
+                 "sim_successes")
 
     def __init__(self) -> None:
         self.records = self.n = self.successes = self.errors = self.skipped = self.reused = 0
         self.returns = 0.0
         self.n_returns = self.steps = self.n_steps = self.ran = self.stamped = 0
+        self.sim_checked = self.sim_successes = 0  # passed episodes the sim graded, and its successes
         self.first_start: float | None = None
         self.last_finish: float | None = None
         self.busy = 0.0  # summed durations of the episodes that ran
@@ -55,6 +57,9 @@ class _Tally:
         if rec.outcome in ("passed", "failed") and rec.success is not None:
             self.n += 1
             self.successes += bool(rec.success)
+            if rec.success and rec.sim_success is not None:
+                self.sim_checked += 1
+                self.sim_successes += bool(rec.sim_success)
             if rec.total_reward is not None:
                 self.returns += rec.total_reward
                 self.n_returns += 1
@@ -83,7 +88,7 @@ class _Tally:
             ci_low=low, ci_high=high, mean_return=self.returns / self.n_returns if self.n_returns else None,
             mean_steps=self.steps / self.n_steps if self.n_steps else None,
             episodes_per_hour=self.ran * 3600.0 / busy if busy and self.ran and self.n else None,
-            reused=self.reused)
+            reused=self.reused, sim_checked=self.sim_checked, sim_successes=self.sim_successes)
 
 
 class Ledger:
