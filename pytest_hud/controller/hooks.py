@@ -109,7 +109,7 @@ class HudController:
             self.results_path, self.baseline_path = results_paths(self.results_path, settings.baseline,
                                                                   config.invocation_params.dir)
         else:  # no results file asked for: the records still go to disk, not to memory
-            self._spool = tempfile.TemporaryDirectory(prefix="pytest-hud-")
+            self._spool = tempfile.TemporaryDirectory(prefix="hud-records-")
             self.results_path = Path(self._spool.name) / "episodes.jsonl"
         self.writer: ResultsWriter | None = None  # opened with the first record: a run of nothing writes nothing
         self._episodes_from = 0  # where this run's episode lines start in the results file

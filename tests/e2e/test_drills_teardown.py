@@ -43,8 +43,9 @@ INI = """
 hud_sim = sims:counter
 hud_policy = policies:zero
 hud_progress_interval = 0
+hud_inline = never
 asyncio_default_fixture_loop_scope = function
-"""
+"""  # (the drill is about bridges: the counter sim's cheap steps would otherwise run in the workers)
 EPISODES = '''
 import os, time, pytest
 
