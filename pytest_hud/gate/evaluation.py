@@ -92,7 +92,7 @@ __all__ = [
     "evaluate_gate",
 ]
 
-PAIRED_MIN_OVERLAP = 0.8
+PAIRED_MIN_OVERLAP = stats.PAIRED_MIN_OVERLAP
 """Pair when the shared episode ids are at least this fraction of each side's finished episodes."""
 
 
@@ -115,9 +115,8 @@ class _Comparison:
 
 
 def _compare(cur: TaskOutcomes, base: TaskOutcomes, max_drop: float) -> _Comparison:
-    shared = cur.successes.keys() & base.successes.keys()
-    paired = bool(shared) and len(shared) >= PAIRED_MIN_OVERLAP * max(cur.n, base.n)
-    if paired:
+    shared = stats.shared_pairs(cur.successes, base.successes)
+    if shared:
         worse = sum(1 for e in shared if base.successes[e] and not cur.successes[e])
         better = sum(1 for e in shared if cur.successes[e] and not base.successes[e])
         n = len(shared)

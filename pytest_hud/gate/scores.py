@@ -26,8 +26,6 @@ from pytest_hud.gate.outcomes import TaskOutcomes
 
 __all__ = ["ScoreComparison", "compare_scores", "score_detection"]
 
-PAIRED_MIN_OVERLAP = 0.8
-
 
 @dataclass
 class ScoreComparison:
@@ -51,8 +49,8 @@ def compare_scores(cur: TaskOutcomes, base: TaskOutcomes, max_drop: float) -> Sc
     then = {e: s for e, s in base.scores.items() if e in base.successes}
     if not now or not then:
         return None
-    shared = sorted(now.keys() & then.keys())
-    if shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(now), len(then)):
+    shared = sorted(stats.shared_pairs(now, then) or ())
+    if shared:
         diffs = [then[e] - now[e] for e in shared]
         return ScoreComparison(
             "paired-signed-rank", stats.signed_rank_exact_one_sided([d - max_drop for d in diffs]),

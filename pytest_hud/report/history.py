@@ -28,8 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_hud.gate import PAIRED_MIN_OVERLAP, TaskOutcomes, outcomes_from_results
+from pytest_hud.gate import TaskOutcomes, outcomes_from_results
 from pytest_hud.stats import wilson_interval
+from pytest_hud.stats.levels import shared_pairs
 from pytest_hud.stats.rates import boschloo_exact_one_sided, holm_adjusted, mcnemar_exact_one_sided
 
 __all__ = ["Change", "History", "Point", "Run", "build_history", "run_label", "series_from_results",
@@ -181,8 +182,8 @@ def _unique_labels(runs: list[Run]) -> None:
 
 def _test(new: Mapping[str, bool], base: Mapping[str, bool]) -> tuple[str, float, float]:
     """The gate's test between two sides: (test name, p of a drop, p of a rise)."""
-    shared = new.keys() & base.keys()
-    if shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(new), len(base)):
+    shared = shared_pairs(new, base)
+    if shared:
         worse = sum(1 for e in shared if base[e] and not new[e])
         better = sum(1 for e in shared if new[e] and not base[e])
         return "paired-mcnemar", mcnemar_exact_one_sided(worse, better), mcnemar_exact_one_sided(better, worse)

@@ -8,7 +8,7 @@ anytime-valid sequential test). Every public name of the seven is importable fro
 """
 
 from .binomial import binom_cdf, binom_logpmf, binom_pmf, binom_sf
-from .levels import PAIRED_MIN_OVERLAP, LevelTest, compare_level_scores, compare_levels
+from .levels import PAIRED_MIN_OVERLAP, LevelTest, compare_level_scores, compare_levels, shared_pairs
 from .power import episodes_needed, episodes_needed_for_floor, minimum_detectable_drop, paired_power, unpaired_power
 from .rates import (boschloo_exact_one_sided, fisher_exact_one_sided, holm, holm_adjusted, mcnemar_exact_one_sided,
                     paired_noninferiority_exact, unpaired_noninferiority_exact, wilson_interval)
@@ -22,7 +22,7 @@ __all__ = [
     "binom_sf", "boschloo_exact_one_sided", "compare_level_scores", "compare_levels", "episodes_needed", "episodes_needed_for_floor", "fisher_exact_one_sided", "holm", "holm_adjusted",
     "mcnemar_exact_one_sided", "minimum_detectable_drop", "paired_noninferiority_exact", "paired_power",
     "rank_sum_one_sided", "score_detectable_drop", "score_episodes_needed", "signed_rank_exact_one_sided",
-    "stratified_rank_sum_one_sided",
+    "shared_pairs", "stratified_rank_sum_one_sided",
     "sequential_decision", "sequential_log_evalues", "stratified_difference", "stratified_exact_one_sided",
     "unpaired_noninferiority_exact", "unpaired_power",
     "wilson_interval",

@@ -54,10 +54,17 @@ from pytest_hud.stats.rates import boschloo_exact_one_sided, holm_adjusted, mcne
 from pytest_hud.stats.scores import signed_rank_exact_one_sided, stratified_rank_sum_one_sided
 from pytest_hud.stats.strata import stratified_difference, stratified_exact_one_sided
 
-__all__ = ["PAIRED_MIN_OVERLAP", "LevelTest", "compare_level_scores", "compare_levels"]
+__all__ = ["PAIRED_MIN_OVERLAP", "LevelTest", "compare_level_scores", "compare_levels", "shared_pairs"]
 
 #: Shared episodes (of each side's graded ones) from which a level is compared paired; the gate's rule.
 PAIRED_MIN_OVERLAP = 0.8
+
+
+def shared_pairs(a: Mapping[Hashable, Any], b: Mapping[Hashable, Any]) -> set[Hashable] | None:
+    """The episodes both sides have, when they are at least :data:`PAIRED_MIN_OVERLAP` of each
+    side's (then the two are compared pair by pair), else None (compared unpaired)."""
+    shared = a.keys() & b.keys()
+    return shared if shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(a), len(b)) else None
 
 
 @dataclass(frozen=True)
@@ -100,8 +107,8 @@ def _one(level: str, ref: Mapping[Hashable, bool], cur: Mapping[Hashable, bool],
          stratum: Callable[[Hashable], Hashable] | None = None) -> LevelTest:
     if not ref or not cur:
         return LevelTest(level, "none", False, None, None, None, False)
-    shared = set(ref) & set(cur)
-    if paired and shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(ref), len(cur)):
+    shared = shared_pairs(ref, cur) if paired else None
+    if shared:
         worse = sum(1 for k in shared if ref[k] and not cur[k])
         better = sum(1 for k in shared if cur[k] and not ref[k])
         return LevelTest(level, "paired-mcnemar", True, (worse - better) / len(shared),
@@ -154,8 +161,8 @@ def _one_score(level: str, ref: Mapping[Hashable, float], cur: Mapping[Hashable,
                stratum: Callable[[Hashable], Hashable] | None) -> LevelTest:
     if not ref or not cur:
         return LevelTest(level, "none", False, None, None, None, False)
-    shared = sorted(set(ref) & set(cur), key=str)
-    if paired and shared and len(shared) >= PAIRED_MIN_OVERLAP * max(len(ref), len(cur)):
+    shared = sorted(shared_pairs(ref, cur) or (), key=str) if paired else []
+    if shared:
         diffs = [ref[k] - cur[k] for k in shared]
         return LevelTest(level, "paired-signed-rank", True, sum(diffs) / len(diffs),
                          signed_rank_exact_one_sided(diffs), None, False, len(shared),
