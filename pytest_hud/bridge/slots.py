@@ -14,6 +14,7 @@ when its agent binds, so whatever hold-steps happened before cannot leak into th
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,20 @@ class Slot:
         self.success = self.success_at_reset = self.terminated = self.truncated = False
         self.error, self.failure, self.pending_action, self.connected = None, None, None, False
         self.deadline, self.awaiting = None, "first action"
+
+    def took_step(self, reward: float, success: bool, score: float | None, ended: bool, terminated: bool,
+                  truncated: bool) -> None:
+        """Tally one env-step of its episode: the return, success latched (a later step cannot take it
+        back), the sim's score (NaN: none given), and on ``ended`` the episode DONE."""
+        self.steps += 1
+        self.total_reward += reward
+        if success:
+            self.success = True
+        if score is not None and not math.isnan(score):
+            self.score = score
+        if ended:
+            self.terminated, self.truncated = terminated, truncated
+            self.state, self.deadline = SlotState.DONE, None
 
     def end(self, error: str | None, failure: SlotFailure | None = None) -> None:
         """The episode is over (DONE, if it was CLAIMED or LIVE): ``error`` (None: an agent that

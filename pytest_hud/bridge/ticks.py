@@ -256,18 +256,10 @@ class TickRules:
                 continue
             i = s.index
             reward = rewards[i]
-            s.steps += 1
-            s.total_reward += reward
-            if success[i]:
-                s.success = True  # latched: a later step cannot take it back
-            if score is not None and not math.isnan(score[i]):
-                s.score = score[i]
-            s.last_action, s.pending_action = action, None
             done, truncated = bool(ended_l[i]), bool(truncated_l[i])
-            if done:
-                s.terminated, s.truncated = bool(terminated[i]), truncated
-                s.state, s.deadline = SlotState.DONE, None
-            elif s.state is SlotState.LIVE:
+            s.took_step(reward, success[i], None if score is None else score[i], done, bool(terminated[i]), truncated)
+            s.last_action, s.pending_action = action, None
+            if not done and s.state is SlotState.LIVE:
                 s.deadline, s.awaiting = deadline, "action"
             frames.append((i, frame(i, reward, done, truncated, s.success)))
         return frames

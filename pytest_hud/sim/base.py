@@ -24,7 +24,7 @@ from pytest_hud.sim.renders import skip_env_renders
 if TYPE_CHECKING:
     from pytest_hud.sim.threads import EnvThreads
 
-__all__ = ["SUCCESS_KEYS", "GymSim", "SlotFaults", "StepBatch", "VectorSim"]
+__all__ = ["SUCCESS_KEYS", "GymSim", "SlotFaults", "StepBatch", "VectorSim", "info_success"]
 
 #: ``info`` keys read (in this order) to latch an episode's success.
 SUCCESS_KEYS = ("is_success", "success", "task_success")
@@ -247,7 +247,7 @@ def _per_slot_info(infos: Mapping[str, Any], key: str, n: int) -> np.ndarray | N
     return np.where(mask, values, False)
 
 
-def _info_success(info: Mapping[str, Any]) -> bool:
+def info_success(info: Mapping[str, Any]) -> bool:
     """One env's ``info`` says the episode succeeded."""
     return any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None)
 
@@ -383,7 +383,7 @@ class GymSim(VectorSim):
             for k, (i, out) in enumerate(zip(rows, outs)):
                 if out is not None:
                     self._write_row(i, out[0])
-                    flags[k] = _info_success(out[1])
+                    flags[k] = info_success(out[1])
             if faults:
                 raise SlotFaults(faults, flags)
             return flags
@@ -437,7 +437,7 @@ class GymSim(VectorSim):
             rewards[i], terminated[i], truncated[i] = float(reward), bool(term), bool(trunc)
             self._write_row(i, obs)
             if info:  # most envs' info is empty on most steps: nothing to look up
-                success[i] = _info_success(info)
+                success[i] = info_success(info)
                 if info.get("score") is not None:
                     if score is None:
                         score = np.full(n, np.nan)

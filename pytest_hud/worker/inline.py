@@ -13,7 +13,6 @@ or the width (``tests/e2e/test_inline_sims.py`` runs the same episodes both ways
 from __future__ import annotations
 
 import json
-import math
 import time
 import traceback
 from typing import Any
@@ -26,7 +25,7 @@ from pytest_hud.bridge.simcalls import explain, reset_and_observe
 from pytest_hud.bridge.slots import SlotState
 from pytest_hud.client.protocol import BridgeError, Claim, action_frame, read_frame
 from pytest_hud.core.contract import Contract, ContractError
-from pytest_hud.sim.base import SUCCESS_KEYS
+from pytest_hud.sim.base import info_success
 from pytest_hud.sim.target import load_sim
 from pytest_hud.wire.codec import packb, unpack_action
 
@@ -171,22 +170,14 @@ class InlineSlot:
             raise BridgeError(failure) from None
         sim._write_row(0, obs)
         reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
-        slot.steps += 1
-        slot.total_reward += reward
         counts = engine.tick_rules
         counts.ticks += 1
         counts.env_steps += 1
         counts.slot_steps += 1
-        if info:
-            if any(bool(info[k]) for k in SUCCESS_KEYS if info.get(k) is not None):  # as GymSim reads it
-                slot.success = True  # latched: a later step cannot take it back
-            score = info.get("score")
-            if score is not None and not math.isnan(float(score)):
-                slot.score = float(score)
+        score = info.get("score") if info else None  # as GymSim reads an env's info
         done = terminated or truncated
-        if done:
-            slot.terminated, slot.truncated = terminated, truncated
-            slot.state, slot.deadline = SlotState.DONE, None
+        slot.took_step(reward, bool(info) and info_success(info), None if score is None else float(score), done,
+                       terminated, truncated)
         frame: dict[str, Any] = {}
         for key, rows in sim.observe().items():
             row = rows[0].copy()
