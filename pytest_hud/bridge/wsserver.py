@@ -25,15 +25,16 @@ import socket
 import sys
 from typing import Any, Protocol
 
-from websockets.frames import Frame, Opcode
+from websockets.frames import Frame
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from pytest_hud.wire.messages import MessageAssembly
+
 __all__ = ["WsConnection", "WsHandler", "WsServer", "serve_ws"]
 
 _ids = itertools.count(1)
-_TEXT, _BINARY, _CONT = Opcode.TEXT, Opcode.BINARY, Opcode.CONT
 _OPEN = State.OPEN
 
 
@@ -59,8 +60,7 @@ class WsConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None  # the open timeout, then the close timeout
         self._opened = False  # the upgrade succeeded: ws_closed is owed
         self._closing = False  # this side started the closing handshake: no message is handed out
-        self._parts: list[bytes] = []  # a fragmented message's frames so far
-        self._part_text = False
+        self._assembly = MessageAssembly()
 
     @property
     def state(self) -> State:
@@ -96,17 +96,9 @@ class WsConnection(asyncio.Protocol):
             # messages before the peer's close frame are handed out; none after this side's close
             if self._closing or not isinstance(event, Frame):
                 continue
-            opcode = event.opcode
-            if opcode is _BINARY or opcode is _TEXT:
-                if event.fin:  # the common case: one frame, one message (an action)
-                    self._message(event.data, opcode is _TEXT)
-                else:
-                    self._parts, self._part_text = [event.data], opcode is _TEXT
-            elif opcode is _CONT:
-                self._parts.append(event.data)
-                if event.fin:
-                    parts, self._parts = self._parts, []
-                    self._message(b"".join(parts), self._part_text)
+            message = self._assembly.feed(event)
+            if message is not None:
+                self._message(*message)
         self._flush()  # pongs, a close echoed or failed, the end of TCP
 
     def _message(self, payload: bytes, text: bool) -> None:

@@ -21,22 +21,23 @@ from urllib.parse import urlsplit
 
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, ConnectionClosedOK, InvalidHandshake, InvalidURI
-from websockets.frames import Frame, Opcode
+from websockets.frames import Frame
 from websockets.protocol import State
 from websockets.uri import parse_uri
+
+from pytest_hud.wire.messages import MessageAssembly
 
 __all__ = ["BlockingWebSocket", "unix_connection"]
 
 #: The most one read takes from the socket (a larger frame takes several reads).
 _READ_SIZE = 262144
-_TEXT, _BINARY, _CONT = Opcode.TEXT, Opcode.BINARY, Opcode.CONT
 
 
 class BlockingWebSocket:
     """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP or Unix socket.
 
     ``sock``: a connection to the server's Unix socket (:func:`unix_connection`), else TCP to the
-    URL's host. Messages read with the one ``recv`` returns wait in a queue; once the server's
+    URL's host. MessageAssembly read with the one ``recv`` returns wait in a queue; once the server's
     close frame or a protocol error is read, ``recv`` raises ``ConnectionClosed`` as soon as the
     queue is empty (no message can follow), and ``send`` at once."""
 
@@ -45,8 +46,7 @@ class BlockingWebSocket:
         host, port, _ = _parse_url(url)
         self._ws = ClientProtocol(parse_uri(url), max_size=max_size)
         self._messages: deque[bytes | str] = deque()  # read, not yet asked for
-        self._parts: list[bytes] = []  # a fragmented message's frames so far
-        self._part_text = False
+        self._assembly = MessageAssembly()
         self._failed = False  # this side failed the connection (a text message that is not UTF-8)
         deadline = time.monotonic() + open_timeout
         self._sock = sock
@@ -129,17 +129,9 @@ class BlockingWebSocket:
         for event in events:
             if not isinstance(event, Frame):
                 continue
-            opcode = event.opcode
-            if opcode is _BINARY or opcode is _TEXT:
-                if event.fin:
-                    self._queue(event.data, opcode is _TEXT)
-                else:
-                    self._parts, self._part_text = [event.data], opcode is _TEXT
-            elif opcode is _CONT:
-                self._parts.append(event.data)
-                if event.fin:
-                    parts, self._parts = self._parts, []
-                    self._queue(b"".join(parts), self._part_text)
+            message = self._assembly.feed(event)
+            if message is not None:
+                self._queue(*message)
 
     def _queue(self, payload: bytes, text: bool) -> None:
         if not text:
