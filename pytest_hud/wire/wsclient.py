@@ -37,7 +37,7 @@ class BlockingWebSocket:
     """``send(bytes)`` / ``recv(timeout) -> bytes | str`` over one TCP or Unix socket.
 
     ``sock``: a connection to the server's Unix socket (:func:`unix_connection`), else TCP to the
-    URL's host. MessageAssembly read with the one ``recv`` returns wait in a queue; once the server's
+    URL's host. Messages read with the one ``recv`` returns wait in a queue; once the server's
     close frame or a protocol error is read, ``recv`` raises ``ConnectionClosed`` as soon as the
     queue is empty (no message can follow), and ``send`` at once."""
 
