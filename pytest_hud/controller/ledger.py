@@ -127,6 +127,7 @@ class Ledger:
         self._stale: set[str] = set()  # tasks whose tallies a replaced record outdated
         self._read_back = read_back
         self._kept: dict[str, EpisodeRecord] | None = None if read_back is not None else {}
+        self._read: dict[str, EpisodeRecord] | None = None  # the last read-back, until a record arrives
         self._policies: dict[tuple[Any, Any], dict[str, Any]] = {}
         self._sims: dict[str, dict[str, Any]] = {}
         self._axes = False  # some record has robustness axes
@@ -142,10 +143,11 @@ class Ledger:
         """Nodeid -> this run's record of it (the last one wins); read back when not kept."""
         if self._kept is not None:
             return dict(self._kept)
-        latest: dict[str, EpisodeRecord] = {}
-        for rec in self._read_back():
-            latest[rec.nodeid] = rec
-        return latest
+        if self._read is None:  # read once for the gate, the tables and the HTML page at the end
+            self._read = {}
+            for rec in self._read_back():
+                self._read[rec.nodeid] = rec
+        return dict(self._read)
 
     @property
     def has_axes(self) -> bool:
@@ -196,6 +198,7 @@ class Ledger:
 
     def add(self, record: EpisodeRecord) -> None:
         """An episode's record (the last one of a test id wins); feeds its task's sequential test."""
+        self._read = None
         nodeid = sys.intern(record.nodeid)
         if self._was_reported(nodeid):
             self._stale.add(record.task)  # a rerun: its task's tallies are recounted from the records
