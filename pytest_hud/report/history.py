@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_hud.gate import TaskOutcomes, outcomes_from_results
+from pytest_hud.report.markdown import md_code
 from pytest_hud.stats import wilson_interval
 from pytest_hud.stats.levels import shared_pairs
 from pytest_hud.stats.rates import boschloo_exact_one_sided, holm_adjusted, mcnemar_exact_one_sided
@@ -280,7 +281,7 @@ def history_markdown(history: History, title: str = "pytest-hud: success across 
              "| task | " + " | ".join(_md(r.label) for r in runs) + " |",
              "|---|" + "---:|" * len(runs)]
     for task in history.tasks:
-        lines.append(f"| `{_md(task)}` | " + " | ".join(_cell(history, task, i) for i in range(len(runs))) + " |")
+        lines.append(f"| {md_code(task)} | " + " | ".join(_cell(history, task, i) for i in range(len(runs))) + " |")
     lines.append("")
     lines += [f"- {line}" for line in change_lines(history)] or ["- no significant change between consecutive runs"]
     if history.best_statement:
@@ -316,4 +317,5 @@ def history_text(history: History) -> list[str]:
 
 
 def _md(text: str) -> str:
+    """A run's label in a table cell (its ``|`` escaped; paths and names stay as they read)."""
     return str(text).replace("|", "\\|")

@@ -18,7 +18,7 @@ from typing import Any
 from pytest_hud.core.results import TaskSummary
 from pytest_hud.report.table import format_interval, format_number, format_rate, sim_success_notes, verdict_dict
 
-__all__ = ["VERDICT_BADGES", "comparison_markdown", "coverage_text", "summary_markdown"]
+__all__ = ["VERDICT_BADGES", "comparison_markdown", "coverage_text", "md_code", "summary_markdown"]
 
 #: How each verdict reads at a glance in a comment.
 VERDICT_BADGES: dict[str, str] = {
@@ -39,7 +39,7 @@ def _text(value: Any) -> str:
     return _MD_SPECIAL.sub(r"\\\1", text)
 
 
-def _code(value: Any) -> str:
+def md_code(value: Any) -> str:
     """A code span that survives any backticks in ``value``; ``|`` escaped for table cells."""
     text = " ".join(str(value).split()).replace("|", "\\|")
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
@@ -84,7 +84,7 @@ def coverage_text(coverage: Mapping[str, Any] | None) -> str:
             parts.append(f"{coverage[key]} {key}")
     missing = coverage.get("missing")
     if missing:
-        shown = ", ".join(_code(m) for m in list(missing)[:5])
+        shown = ", ".join(md_code(m) for m in list(missing)[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         parts.append(f"**missing {len(missing)}**: {shown}{more}")
     for key, value in coverage.items():
@@ -105,7 +105,7 @@ def _details(verdicts: Mapping[str, Any], tasks: list[str]) -> list[str]:
         return []
     lines = ["", "<details><summary>Gate details</summary>", ""]
     for _, task, v in sorted(items, key=lambda item: item[0]):
-        lines.append(f"- {_code(task)}: **{_text(v.get('verdict'))}**: {_text(v['reason'])}")
+        lines.append(f"- {md_code(task)}: **{_text(v.get('verdict'))}**: {_text(v['reason'])}")
     lines += ["", "</details>"]
     return lines
 
@@ -132,7 +132,7 @@ def summary_markdown(
     ]
     for task, s in tasks.items():
         lines.append(
-            f"| {_code(task)} | {s.n} | {s.successes} | {format_rate(s.success_rate)} "
+            f"| {md_code(task)} | {s.n} | {s.successes} | {format_rate(s.success_rate)} "
             f"| {format_interval(s.ci_low, s.ci_high, s.n)} | {s.errors} | {format_number(s.mean_return)} |"
             + (f" {_badge(verdicts.get(task))} |" if gated else "")
         )
@@ -184,7 +184,7 @@ def comparison_markdown(
         if drop is None and cur is not None and base is not None and cur.n and base.n:
             drop = (base.success_rate or 0.0) - (cur.success_rate or 0.0)
         p = v.get("adjusted_p", v.get("p_value"))
-        lines.append(f"| {_code(task)} | {cell(base)} | {cell(cur)} | {_points(drop)} | {_p(p)} "
+        lines.append(f"| {md_code(task)} | {cell(base)} | {cell(cur)} | {_points(drop)} | {_p(p)} "
                      f"| {_badge(verdicts.get(task))} |")
     if not names:
         lines.append("| *(no tasks)* | | | | | |")
