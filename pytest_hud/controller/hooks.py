@@ -17,7 +17,6 @@ import os
 import secrets
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -33,6 +32,7 @@ from pytest_hud.controller.progress import progress_record
 from pytest_hud.controller.ledger import Ledger
 from pytest_hud.controller.provenance import PolicyHashes, provenance
 from pytest_hud.controller.signals import sigterm_as_interrupt
+from pytest_hud.controller.spool import RecordSpool
 from pytest_hud.controller.results_file import episodes_written, results_paths, settle_baseline
 from pytest_hud.core.specs import portable_spec
 from pytest_hud.core.results import EpisodeRecord, ResultsWriter
@@ -103,14 +103,14 @@ class HudController:
         self._old_sigterm = sigterm_as_interrupt()
         self.results_path: Path | None = None
         self.baseline_path: Path | None = None  # set when the results file is the baseline too
-        self._spool: tempfile.TemporaryDirectory | None = None  # the records' file without --hud-results
+        self._spool: RecordSpool | None = None  # the records' file without --hud-results
         if settings.results:
             self.results_path = config.invocation_params.dir / settings.results
             self.results_path, self.baseline_path = results_paths(self.results_path, settings.baseline,
                                                                   config.invocation_params.dir)
         else:  # no results file asked for: the records still go to disk, not to memory
-            self._spool = tempfile.TemporaryDirectory(prefix="hud-records-")
-            self.results_path = Path(self._spool.name) / "episodes.jsonl"
+            self._spool = RecordSpool()
+            self.results_path = self._spool.path
         self.writer: ResultsWriter | None = None  # opened with the first record: a run of nothing writes nothing
         self._episodes_from = 0  # where this run's episode lines start in the results file
         self._lightener = ReportLightener()  # episode reports lose their payload once every plugin saw them
