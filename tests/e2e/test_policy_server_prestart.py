@@ -107,8 +107,13 @@ def test_contract_wait_and_contract_are_exclusive_and_a_bad_contract_is_reported
 def test_a_waiting_server_exits_when_its_parent_dies(tmp_path, spec):
     cmd = [sys.executable, "-m", "pytest_hud.serving", "--policy", spec, "--port", "0",
            "--contract-wait", str(tmp_path / "contract.json")]
-    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, time; subprocess.Popen({cmd!r}); "
+    # The parent names itself (as pytest-hud's launcher does): by default a server watches the process
+    # that started it, read once its interpreter is up, which on a loaded machine can be after the
+    # parent was killed (the server would then see init and wait on, an orphan).
+    parent = subprocess.Popen([sys.executable, "-c", f"import os, subprocess, time; "
+                               f"subprocess.Popen({cmd!r} + ['--parent-pid', str(os.getpid())]); "
                                "time.sleep(60)"], cwd=REPO, start_new_session=True)
+    server = None
     try:
         deadline = time.monotonic() + 30
         while not (children := psutil.Process(parent.pid).children()):
@@ -122,6 +127,8 @@ def test_a_waiting_server_exits_when_its_parent_dies(tmp_path, spec):
         server.wait(15)  # psutil.TimeoutExpired if it outlives its parent
     finally:
         stop(parent)
+        if server is not None and server.is_running():
+            server.kill()  # failed: no orphan left behind either way
 
 
 # -------------------------------------------------------------------------------- the pool
