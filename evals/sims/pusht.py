@@ -21,20 +21,44 @@ GOAL_XY = np.array([256.0, 256.0])  # the goal pose is fixed: (256, 256, pi/4)
 
 
 class MaxRewardScore(gym.Wrapper):
-    """``info["score"]``: the episode's best reward so far, in [0, 1]."""
+    """``info["score"]``: the episode's best reward so far, in [0, 1]; and renders no one reads skipped.
+
+    Drawing the 96x96 camera image is about four fifths of a PushT step. Told that the next step's
+    image goes unread (``hud_skip_render``, see :mod:`pytest_hud.sim.renders`: the middle of an ACT
+    chunk), the step keeps the last drawn image instead of drawing; drawing has no effect on the
+    physics, so every other feature, the reward and the images that are read stay bit-identical.
+    """
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
         self._best = 0.0
+        self._skip_next = False  # the next step's image goes unread
+        self._pixels: np.ndarray | None = None  # the last drawn image
+
+    def hud_skip_render(self, skip: bool) -> None:
+        self._skip_next = bool(skip)
 
     def reset(self, **kwargs: Any):
         observation, info = self.env.reset(**kwargs)
-        self._best = 0.0
+        self._best, self._skip_next = 0.0, False
+        self._pixels = observation.get("pixels") if isinstance(observation, dict) else None
         info["score"] = 0.0
         return observation, info
 
     def step(self, action):
-        observation, reward, terminated, truncated, info = self.env.step(action)
+        inner = self.env.unwrapped
+        keep = self._skip_next and self._pixels is not None
+        self._skip_next = False
+        if keep:  # the env draws its observation through _render(): hand it the last image instead
+            last = self._pixels
+            inner._render = lambda visualize=False: last.copy()
+        try:
+            observation, reward, terminated, truncated, info = self.env.step(action)
+        finally:
+            if keep:
+                del inner._render  # the class's own method again
+        if isinstance(observation, dict) and "pixels" in observation:
+            self._pixels = observation["pixels"]
         self._best = max(self._best, float(reward))
         info["score"] = self._best
         return observation, reward, terminated, truncated, info
