@@ -101,8 +101,8 @@ class Bridges:
             if current is not None and replace_pid is not None and current.address.pid == replace_pid:
                 self._retire(current)
                 current = None
-            if current is not None and current.process.poll() is not None:
-                self._retire(current)  # died on its own: replace it
+            if current is not None and current.address.inline is None and current.process.poll() is not None:
+                self._retire(current)  # died on its own: replace it (a stopped timing bridge is not replaced)
                 current = None
             if current is None:
                 current = self.starter.once(key, lambda: self._spawn(key, target, build or {}))
@@ -159,6 +159,8 @@ class Bridges:
         if inline:
             self.notes[inline] = None
             address = dataclasses.replace(address, inline=inline)
+            # its workers step their own envs: the bridge has timed its env, nothing more to do
+            threading.Thread(target=service.stop, name="hud-stop-timing-bridge", daemon=True).start()
         return _Bridge(key, service, address, service.log, time.monotonic())
 
     def _retire(self, bridge: _Bridge) -> None:

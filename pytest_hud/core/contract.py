@@ -194,13 +194,15 @@ class Contract:
                     f"{want.shape}"
                 )
 
-    def coerce_action(self, action: Any) -> np.ndarray:
-        """Turn one slot's wire action into what the env's single action space expects.
+    def coerce_action(self, action: Any) -> np.ndarray | int:
+        """Turn one slot's wire action into what the env's single action space expects: a Python
+        ``int`` for a discrete action (what ``Discrete.contains`` and an env's arithmetic take
+        fastest), else an array of the contract's dtype and shape.
 
         Raises :class:`ContractError` with both shapes named when it does not fit.
         """
         feat = self.action
-        arr = np.asarray(action)
+        arr = action if type(action) is np.ndarray else np.asarray(action)
         if arr.dtype.kind not in "biuf":
             raise ContractError(
                 f"action has dtype {arr.dtype.str}; the contract expects numbers "
@@ -213,14 +215,17 @@ class Contract:
                     f"action of shape {arr.shape}; contract says {want} "
                     f"(one discrete choice in [{feat.low[0]:g}, {feat.high[0]:g}])"
                 )
-            value = float(arr.reshape(-1)[0])
-            if not math.isfinite(value) or value != round(value):
-                raise ContractError(f"discrete action must be an integer, got {value!r}")
+            value = arr.item()  # a Python int, float or bool
+            if type(value) is not int:
+                value = float(value)
+                if not math.isfinite(value) or value != round(value):
+                    raise ContractError(f"discrete action must be an integer, got {value!r}")
+                value = int(value)
             if not feat.low[0] <= value <= feat.high[0]:
                 raise ContractError(
-                    f"discrete action {int(value)} is outside [{feat.low[0]:g}, {feat.high[0]:g}]"
+                    f"discrete action {value} is outside [{feat.low[0]:g}, {feat.high[0]:g}]"
                 )
-            return np.int64(value)
+            return value
         if arr.shape != want:
             if arr.size == int(np.prod(want)) and arr.ndim <= 1 and len(want) <= 1:
                 arr = arr.reshape(want)

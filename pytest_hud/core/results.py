@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -421,7 +422,12 @@ def load_results(path: str | os.PathLike[str]) -> Results:
 
 
 class ResultsWriter:
-    """Appends records to the results file, flushing and fsyncing each episode as it lands."""
+    """Appends records to the results file, flushing and fsyncing each episode as it lands.
+
+    Each line is written and flushed at once, so a killed run loses nothing it finished; the
+    fsync that carries it to the disk runs on a thread of its own (one at a time: lines written
+    meanwhile share the next), so the run never waits on the disk for it. :meth:`close` waits
+    for the last one."""
 
     def __init__(self, path: str | os.PathLike[str], provenance: Mapping[str, Any], run_id: str,
                  append: bool = False, declared: Mapping[str, Iterable[str]] | None = None,
@@ -432,6 +438,10 @@ class ResultsWriter:
         if mode == "a":
             _drop_torn_tail(self.path)  # a killed run may have left half a line: never glue onto it
         self._fh = open(self.path, mode, encoding="utf-8")
+        self._unsynced = threading.Condition()  # guards _dirty and _closing; wakes the syncer
+        self._dirty = self._closing = False
+        self._syncer = threading.Thread(target=self._sync_loop, name="hud-results-fsync", daemon=True)
+        self._syncer.start()
         if mode == "w":
             header: dict[str, Any] = {"record": "run", "schema": SCHEMA, "run_id": run_id,
                                       "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -444,7 +454,23 @@ class ResultsWriter:
     def _write(self, obj: Mapping[str, Any]) -> None:
         self._fh.write(json.dumps(obj, sort_keys=False) + "\n")
         self._fh.flush()
-        os.fsync(self._fh.fileno())
+        with self._unsynced:
+            self._dirty = True
+            self._unsynced.notify()
+
+    def _sync_loop(self) -> None:
+        fd = self._fh.fileno()
+        while True:
+            with self._unsynced:
+                while not (self._dirty or self._closing):
+                    self._unsynced.wait()
+                if not self._dirty:
+                    return
+                self._dirty = False
+            try:
+                os.fsync(fd)
+            except OSError:  # a file that cannot be synced (a pipe, some network mounts): written all the same
+                return
 
     def episode(self, record: EpisodeRecord) -> None:
         self._write({"record": "episode", **record.to_dict()})
@@ -467,7 +493,12 @@ class ResultsWriter:
         })
 
     def close(self) -> None:
+        """Wait for the last fsync, then close the file."""
         if not self._fh.closed:
+            with self._unsynced:
+                self._closing = True
+                self._unsynced.notify()
+            self._syncer.join()
             self._fh.close()
 
 

@@ -131,6 +131,7 @@ class InlineSlot:
             frame = engine.start(self.slot, time.monotonic())
         except SlotFailure as failure:
             raise BridgeError(str(failure)) from None
+        self._env = sim.env.envs[0]  # the GymSim's one env, as this episode's reset left it
         self.metadata = {"claim_required": True, "width": 1, "inline": True}
         self.first_observation = read_frame(packb(frame), "first observation")
 
@@ -147,18 +148,19 @@ class InlineSlot:
         engine, slot, sim = self.bridge.engine, self.slot, self.bridge.sim
         if slot.state is not SlotState.LIVE:
             raise BridgeError(engine.late_frame(slot).args[0] if slot.failure is None else str(slot.failure))
-        arr = np.asarray(action)
-        if arr.dtype.kind not in "biuf":  # what the wire would make of it, exactly
-            arr = unpack_action(action_frame(action))["actions"]
+        if type(action) is not np.ndarray or action.dtype.kind not in "biuf":
+            arr = np.asarray(action)
+            if arr.dtype.kind not in "biuf":  # what the wire would make of it, exactly
+                action = unpack_action(action_frame(action))["actions"]
         try:
-            action = engine.contract.coerce_action(arr)
+            action = engine.contract.coerce_action(action)
         except ContractError as exc:
             raise BridgeError(str(engine.refuse_action(slot, str(exc)))) from None
         except Exception as exc:  # noqa: BLE001 - numpy refuses some values: the agent's error, as on a bridge
             raise BridgeError(str(engine.refuse_action(
                 slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})"))) from None
         try:
-            obs, reward, terminated, truncated, info = sim.env.envs[0].step(action)  # the GymSim's one env
+            obs, reward, terminated, truncated, info = self._env.step(action)
         except Exception:  # this episode fails; a fresh env serves the next, as a bridge rebuilds one
             why = explain(traceback.format_exc())
             failure = f"slot {slot.index}: sim raised during step: {why.splitlines()[-1]}\n{why}"

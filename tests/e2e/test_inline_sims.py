@@ -180,3 +180,29 @@ def test_asyncio_episodes_are_the_same_in_the_worker_and_through_the_bridge(proj
         assert result.ret in (0, 1), result.stdout.str()
         seen[inline] = episodes(project.path / f"{inline}.jsonl")
     assert len(seen["never"]) == 4 and seen["always"] == seen["never"]
+
+
+GONE = '''
+import os, time
+import pytest
+
+@pytest.mark.hud(sim="sims:cartpole", policy="policies:tilt")
+@pytest.mark.parametrize("seed", range(2))
+def test_cartpole(shared_sim, robot_agent, seed):
+    robot_agent.run(shared_sim.episode(seed=seed))
+    assert shared_sim.inline and shared_sim.address.pid
+    for _ in range(300):  # a bounded wait: the pool stops it on a thread of its own
+        try:
+            os.kill(shared_sim.address.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the bridge that timed the env (pid {shared_sim.address.pid}) still runs")
+'''
+
+
+def test_the_bridge_that_timed_a_cheap_env_stops_once_the_workers_step_it_themselves(project):
+    project.makepyfile(test_gone=GONE)
+    result = run(project, "-n", "2", "--hud-width=2", "--hud-results=r.jsonl")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["note: sims:cartpole: --hud-inline=auto: each worker steps its own env*"])

@@ -31,6 +31,9 @@ def test_discrete_action_space_and_control_rate_override():
     assert c.action.type == "discrete" and c.action.low == [0.0] and c.action.high == [1.0]
     assert c.control_rate == 7.0 and list(c.observation_features) == ["state"]
     assert c.coerce_action(np.array([1.0], np.float32)) == 1
+    # what Discrete.contains and an env's arithmetic take fastest: a Python int, whatever came in
+    for given in (np.array([1]), np.array(1, np.int8), np.int64(1), np.array([True]), 1.0, [1]):
+        assert type(c.coerce_action(given)) is int and c.coerce_action(given) == 1
     with pytest.raises(ContractError, match="outside"):
         c.coerce_action(np.array([2]))
     with pytest.raises(ContractError, match="integer"):
