@@ -30,6 +30,9 @@ EPISODE_FIXTURES = frozenset({"shared_sim", "robot_agent"})
 DESELECTED_KEY = pytest.StashKey[list]()
 # --hud-shard: {"index", "count", "suite", "out": set of nodeids, "out_items": their items}
 SHARD_KEY = pytest.StashKey[dict]()
+#: the record's fields a worker mirrors into the test's ``user_properties`` (JUnit XML reads them)
+EPISODE_PROPERTIES = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
+                      "duration_s", "slot")
 
 
 def is_episode_item(item: pytest.Item) -> bool:
@@ -397,15 +400,16 @@ class WorkerHooks:
         report.user_properties = [(str(k), to_builtin(v)) for k, v in report.user_properties]
         if not is_episode_item(item):
             return report
+        if report.when == "teardown":
+            _forget_episode(item)  # the reports carry it from here: the item keeps none of it
+            return report
         if report.when == "call" or (report.when == "setup" and not report.passed):
             artefacts = self.hud.flush_recorders() if report.when == "call" else {}
             record = self._record(item, call, report)
             if artefacts and not record.artefacts:
                 record.artefacts = artefacts  # an errored episode has no result to carry them
             report.hud_episode = data = record.to_dict()  # builtin types: it crosses the xdist channel
-            props = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
-                     "duration_s", "slot")
-            props = [(k, data[k]) for k in props if data.get(k) is not None]
+            props = [(k, data[k]) for k in EPISODE_PROPERTIES if data.get(k) is not None]
             report.user_properties.extend(props)
             item.user_properties.extend(props)  # JUnit XML reads properties from the teardown report
         return report
@@ -445,6 +449,19 @@ class WorkerHooks:
         from pytest_hud.core.classify import episode_teststatus
 
         return episode_teststatus(report)
+
+
+def _forget_episode(item: pytest.Item) -> None:
+    """Drop what an episode left on its test item once its teardown report is made.
+
+    pytest keeps every item until the run ends; the episode (its result, grade and claim) and the
+    properties mirrored from its record would make a worker grow with every episode it ran.
+    The teardown report already holds its own copy of the properties (for JUnit XML).
+    """
+    if EPISODES_KEY in item.stash:
+        del item.stash[EPISODES_KEY]
+    if item.user_properties:
+        item.user_properties[:] = [p for p in item.user_properties if p[0] not in EPISODE_PROPERTIES]
 
 
 def _replay(item: pytest.Item, data: dict[str, Any]) -> None:
