@@ -17,6 +17,7 @@ import pytest
 from pytest_hud import __version__
 from pytest_hud.worker.fixtures import hud_settings, item_settings
 from pytest_hud.worker.keys import EPISODES_KEY, SESSION_KEY
+from pytest_hud.worker.reports import EPISODE_PROPERTIES, forget_episode, lighten_report
 from pytest_hud.core.settings import HudSettings, metric_problem
 
 if TYPE_CHECKING:
@@ -30,9 +31,6 @@ EPISODE_FIXTURES = frozenset({"shared_sim", "robot_agent"})
 DESELECTED_KEY = pytest.StashKey[list]()
 # --hud-shard: {"index", "count", "suite", "out": set of nodeids, "out_items": their items}
 SHARD_KEY = pytest.StashKey[dict]()
-#: the record's fields a worker mirrors into the test's ``user_properties`` (JUnit XML reads them)
-EPISODE_PROPERTIES = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
-                      "duration_s", "slot")
 
 
 def is_episode_item(item: pytest.Item) -> bool:
@@ -401,7 +399,7 @@ class WorkerHooks:
         if not is_episode_item(item):
             return report
         if report.when == "teardown":
-            _forget_episode(item)  # the reports carry it from here: the item keeps none of it
+            forget_episode(item)  # the reports carry it from here: the item keeps none of it
             return report
         if report.when == "call" or (report.when == "setup" and not report.passed):
             artefacts = self.hud.flush_recorders() if report.when == "call" else {}
@@ -444,24 +442,19 @@ class WorkerHooks:
             pass  # the declaration reported it as a usage error
         return with_placement(record, episodes, self.hud.policy_places.get(item_settings(item, self.hud).policy or ""))
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport):
+        try:
+            return (yield)
+        finally:
+            if hasattr(self.config, "workerinput"):  # sent to the controller: this worker needs none of it
+                lighten_report(report)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
         from pytest_hud.core.classify import episode_teststatus
 
         return episode_teststatus(report)
-
-
-def _forget_episode(item: pytest.Item) -> None:
-    """Drop what an episode left on its test item once its teardown report is made.
-
-    pytest keeps every item until the run ends; the episode (its result, grade and claim) and the
-    properties mirrored from its record would make a worker grow with every episode it ran.
-    The teardown report already holds its own copy of the properties (for JUnit XML).
-    """
-    if EPISODES_KEY in item.stash:
-        del item.stash[EPISODES_KEY]
-    if item.user_properties:
-        item.user_properties[:] = [p for p in item.user_properties if p[0] not in EPISODE_PROPERTIES]
 
 
 def _replay(item: pytest.Item, data: dict[str, Any]) -> None:

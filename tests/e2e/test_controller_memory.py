@@ -54,6 +54,10 @@ def pytest_sessionfinish(session):
 
     held = [{"nodeid": item.nodeid, "episode": EPISODES_KEY in item.stash,
              "properties": [p[0] for p in item.user_properties]} for item in session.items]
+    tr = config.pluginmanager.get_plugin("terminalreporter")  # the worker's reports, kept too
+    held += [{"nodeid": rep.nodeid, "episode": set(getattr(rep, "hud_episode", None) or {}) - {"outcome"} != set(),
+              "properties": [p[0] for p in rep.user_properties]}
+             for reports in tr.stats.values() for rep in reports if hasattr(rep, "when")]
     with open(f"items-{config.workerinput['workerid']}.json", "w") as fh:
         json.dump(held, fh)
 
@@ -96,10 +100,10 @@ def test_kept_reports_lose_their_episode_payload_after_junit_and_the_summary_rea
     props = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}
     assert props["test_balance[2]"]["success"] == "True" and props["test_balance[3]"]["success"] == "False"
     assert props["test_balance[11]"]["outcome"] == "error"
-    # The workers' items (each worker collects all 12) dropped the episode and its properties once
-    # their reports were made.
+    # The workers' items (each worker collects all 12) and the reports they keep dropped the episode
+    # and its properties once the reports were sent.
     held = [h for path in project.path.glob("items-gw*.json") for h in json.loads(path.read_text())]
-    assert len(held) == 24 and not any(h["episode"] or h["properties"] for h in held), held
+    assert len(held) == 24 + 3 * 12 and not any(h["episode"] or h["properties"] for h in held), held
     if results:
         assert len(load_results(project.path / "r.jsonl").episodes) == 12
     else:  # the private spool is gone, and no results file was written
