@@ -23,17 +23,20 @@ EPISODE_PROPERTIES = ("task", "episode", "seed", "outcome", "success", "score", 
                       "duration_s", "slot")
 #: what an episode's report keeps of its record once it is sent (shared and read-only: nothing per report)
 _KEPT = {outcome: MappingProxyType({"outcome": outcome}) for outcome in ("passed", "failed", "error", "skipped")}
+_NO_KEYWORDS: Any = MappingProxyType({})
 
 
 def lighten_report(report: Any) -> None:
-    """Drop an episode's record and mirrored properties from a report every plugin has logged.
+    """Drop an episode's record, mirrored properties and keywords from a report every plugin has logged.
 
     pytest keeps every report until the run ends (the terminal's statistics, in workers too); the
-    report keeps only its outcome (the short summary's ERROR/FAILED reads it).
+    report keeps only its outcome (the short summary's ERROR/FAILED reads it). Its keywords (the
+    test's markers and names, a dict per report) are read while the report is logged, not after.
     """
     data = getattr(report, "hud_episode", None)
     if isinstance(data, dict):
         report.hud_episode = _KEPT.get(data.get("outcome"), _KEPT["error"])
+        report.keywords = _NO_KEYWORDS
     if report.user_properties:
         report.user_properties = [p for p in report.user_properties if p[0] not in EPISODE_PROPERTIES]
 

@@ -70,7 +70,8 @@ def pytest_unconfigure(config):
         for rep in reports:
             if hasattr(rep, "when"):
                 kept.append({"nodeid": rep.nodeid, "when": rep.when, "hud_episode": dict(getattr(rep, "hud_episode", None) or {}),
-                             "properties": [p[0] for p in rep.user_properties]})
+                             "properties": [p[0] for p in rep.user_properties],
+                         "keywords": len(rep.keywords)})
     with open("kept.json", "w") as fh:
         json.dump(kept, fh)
 '''
@@ -95,6 +96,8 @@ def test_kept_reports_lose_their_episode_payload_after_junit_and_the_summary_rea
     assert {k["nodeid"] for k in kept} == {f"test_balance.py::test_balance[{s}]" for s in range(12)}
     # Nothing but a marker of the outcome (the short summary's ERROR reads it) stays on a report.
     assert all(set(k["hud_episode"]) <= {"outcome"} and "task" not in k["properties"] for k in kept), kept
+    # nor the keywords of the report that carried the episode (read while it was logged)
+    assert all(k["keywords"] == 0 for k in kept if k["when"] == "call"), kept
     # JUnit XML read each episode's properties before they were dropped.
     cases = ET.parse(project.path / "junit.xml").getroot().iter("testcase")
     props = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}
