@@ -9,16 +9,11 @@ for the test's teardown report, since pytest-html reads the call report's episod
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any
 
-__all__ = ["ReportLightener"]
+from pytest_hud.worker.reports import lighten_report
 
-#: what an episode's report keeps of its record (shared and read-only: nothing per report)
-_KEPT = {outcome: MappingProxyType({"outcome": outcome}) for outcome in ("passed", "failed", "error", "skipped")}
-#: the properties a worker mirrors from the record (JUnit XML has read them by then)
-_EPISODE_PROPERTIES = frozenset({"task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
-                                 "duration_s", "slot"})
+__all__ = ["ReportLightener"]
 
 
 class ReportLightener:
@@ -32,17 +27,10 @@ class ReportLightener:
             if report.when in ("setup", "call"):
                 self._in_flight[report.nodeid] = report
                 return
-            _lighten(report)  # xdist's report of a crashed worker: no teardown follows
+            lighten_report(report)  # xdist's report of a crashed worker: no teardown follows
         if report.when == "teardown":
             carrier = self._in_flight.pop(report.nodeid, None)
             if carrier is not None:
-                _lighten(carrier)
-                _lighten(report)
+                lighten_report(carrier)
+                lighten_report(report)
 
-
-def _lighten(report: Any) -> None:
-    data = getattr(report, "hud_episode", None)
-    if isinstance(data, dict):
-        report.hud_episode = _KEPT.get(data.get("outcome"), _KEPT["error"])
-    if report.user_properties:
-        report.user_properties = [p for p in report.user_properties if p[0] not in _EPISODE_PROPERTIES]

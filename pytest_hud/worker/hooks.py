@@ -17,6 +17,7 @@ import pytest
 from pytest_hud import __version__
 from pytest_hud.worker.fixtures import hud_settings, item_settings
 from pytest_hud.worker.keys import EPISODES_KEY, SESSION_KEY
+from pytest_hud.worker.reports import EPISODE_PROPERTIES, forget_episode, lighten_report
 from pytest_hud.core.settings import HudSettings, metric_problem
 
 if TYPE_CHECKING:
@@ -397,15 +398,16 @@ class WorkerHooks:
         report.user_properties = [(str(k), to_builtin(v)) for k, v in report.user_properties]
         if not is_episode_item(item):
             return report
+        if report.when == "teardown":
+            forget_episode(item)  # the reports carry it from here: the item keeps none of it
+            return report
         if report.when == "call" or (report.when == "setup" and not report.passed):
             artefacts = self.hud.flush_recorders() if report.when == "call" else {}
             record = self._record(item, call, report)
             if artefacts and not record.artefacts:
                 record.artefacts = artefacts  # an errored episode has no result to carry them
             report.hud_episode = data = record.to_dict()  # builtin types: it crosses the xdist channel
-            props = ("task", "episode", "seed", "outcome", "success", "score", "total_reward", "steps",
-                     "duration_s", "slot")
-            props = [(k, data[k]) for k in props if data.get(k) is not None]
+            props = [(k, data[k]) for k in EPISODE_PROPERTIES if data.get(k) is not None]
             report.user_properties.extend(props)
             item.user_properties.extend(props)  # JUnit XML reads properties from the teardown report
         return report
@@ -439,6 +441,14 @@ class WorkerHooks:
         except ValueError:
             pass  # the declaration reported it as a usage error
         return with_placement(record, episodes, self.hud.policy_places.get(item_settings(item, self.hud).policy or ""))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport):
+        try:
+            return (yield)
+        finally:
+            if hasattr(self.config, "workerinput"):  # sent to the controller: this worker needs none of it
+                lighten_report(report)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):

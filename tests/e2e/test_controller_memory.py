@@ -1,8 +1,10 @@
-"""What the controller keeps per episode in a real run: tallies and ids, not records.
+"""What the controller and the workers keep per episode in a real run: tallies and ids, not records.
 
 The records are on disk (the results file, or a private spool without ``--hud-results``); once
 every plugin has seen an episode's reports, pytest keeps them without their episode payload, and
-JUnit XML, the short summary and the gate still get everything they need.
+JUnit XML, the short summary and the gate still get everything they need. pytest keeps every test
+item in the workers until the run ends: once an episode's reports are made, its item holds neither
+the episode (result, grade, claim) nor the properties mirrored from its record.
 """
 
 from __future__ import annotations
@@ -39,9 +41,25 @@ def lean():
     return lambda obs: int(obs["state"][2] > 0)
 '''
 
-# Runs in the controller at the very end: what pytest still holds of each episode's reports.
+# Runs in the controller at the very end: what pytest still holds of each episode's reports;
+# and in each worker once its tests ran: what its test items still hold.
 CONFTEST = '''
 import json
+
+def pytest_sessionfinish(session):
+    config = session.config
+    if not hasattr(config, "workerinput"):
+        return
+    from pytest_hud.worker.keys import EPISODES_KEY
+
+    held = [{"nodeid": item.nodeid, "episode": EPISODES_KEY in item.stash,
+             "properties": [p[0] for p in item.user_properties]} for item in session.items]
+    tr = config.pluginmanager.get_plugin("terminalreporter")  # the worker's reports, kept too
+    held += [{"nodeid": rep.nodeid, "episode": set(getattr(rep, "hud_episode", None) or {}) - {"outcome"} != set(),
+              "properties": [p[0] for p in rep.user_properties]}
+             for reports in tr.stats.values() for rep in reports if hasattr(rep, "when")]
+    with open(f"items-{config.workerinput['workerid']}.json", "w") as fh:
+        json.dump(held, fh)
 
 def pytest_unconfigure(config):
     if hasattr(config, "workerinput"):
@@ -52,7 +70,8 @@ def pytest_unconfigure(config):
         for rep in reports:
             if hasattr(rep, "when"):
                 kept.append({"nodeid": rep.nodeid, "when": rep.when, "hud_episode": dict(getattr(rep, "hud_episode", None) or {}),
-                             "properties": [p[0] for p in rep.user_properties]})
+                             "properties": [p[0] for p in rep.user_properties],
+                         "keywords": len(rep.keywords)})
     with open("kept.json", "w") as fh:
         json.dump(kept, fh)
 '''
@@ -77,11 +96,17 @@ def test_kept_reports_lose_their_episode_payload_after_junit_and_the_summary_rea
     assert {k["nodeid"] for k in kept} == {f"test_balance.py::test_balance[{s}]" for s in range(12)}
     # Nothing but a marker of the outcome (the short summary's ERROR reads it) stays on a report.
     assert all(set(k["hud_episode"]) <= {"outcome"} and "task" not in k["properties"] for k in kept), kept
+    # nor the keywords of the report that carried the episode (read while it was logged)
+    assert all(k["keywords"] == 0 for k in kept if k["when"] == "call"), kept
     # JUnit XML read each episode's properties before they were dropped.
     cases = ET.parse(project.path / "junit.xml").getroot().iter("testcase")
     props = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}
     assert props["test_balance[2]"]["success"] == "True" and props["test_balance[3]"]["success"] == "False"
     assert props["test_balance[11]"]["outcome"] == "error"
+    # The workers' items (each worker collects all 12) and the reports they keep dropped the episode
+    # and its properties once the reports were sent.
+    held = [h for path in project.path.glob("items-gw*.json") for h in json.loads(path.read_text())]
+    assert len(held) == 24 + 3 * 12 and not any(h["episode"] or h["properties"] for h in held), held
     if results:
         assert len(load_results(project.path / "r.jsonl").episodes) == 12
     else:  # the private spool is gone, and no results file was written
