@@ -1,6 +1,7 @@
 """How many episodes does the gate need to catch a known regression on the score, against success?
 
-``--suite cartpole`` (the default): a real sim with a graded score: gymnasium's CartPole (500-step limit) driven by a PD controller
+``--suite cartpole`` (the default): a real sim with a graded score: gymnasium's CartPole (500-step
+limit) driven by a PD controller
 that sees its observations through Gaussian noise drawn from the episode's seed. The score is the
 fraction of the 500 steps the pole stayed up (what ``info["score"]`` would report, as PushT's best
 coverage does); success is lasting all of them (``is_success``). The *known regression* is the same
@@ -84,7 +85,8 @@ def detection(sides, ids: list[str], resamples: int, rng: np.random.Generator, l
 
     ``sides(draw)`` gives the (current, baseline) outcomes of one draw of episode ids."""
     configs = {"success": GateConfig(), "score": GateConfig(metrics={"*": "score"})}
-    print(f"\n{'N':>4} {'success caught':>15} {'score caught':>13}   ({resamples} draws of N paired {label} each)")
+    print(f"\n{'N':>4} {'success caught':>15} {'score caught':>13}   "
+          f"({resamples} draws of N paired {label} each)")
     first: dict[str, int | None] = {"success": None, "score": None}
     for n in NS:
         if n > len(ids):
@@ -113,7 +115,8 @@ def cartpole(args: argparse.Namespace) -> None:
     regressed = [episode(env, s, REGRESSED_SIGMA) for s in range(args.seeds)]
     print(f"{2 * args.seeds} real CartPole episodes in {time.perf_counter() - started:.1f} s")
     for name, runs in (("baseline", base), ("regressed", regressed)):
-        print(f"  {name:<9}: success {np.mean([r[0] for r in runs]):.1%}, mean score {np.mean([r[1] for r in runs]):.3f}")
+        print(f"  {name:<9}: success {np.mean([r[0] for r in runs]):.1%}, "
+              f"mean score {np.mean([r[1] for r in runs]):.3f}")
 
     def sides(draw: list[int]) -> tuple[dict[str, TaskOutcomes], dict[str, TaskOutcomes]]:
         seeds = np.asarray(draw)
@@ -138,8 +141,9 @@ def metaworld(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="score-vs-success-"))
     (work / "test_mw_score.py").write_text(MW_SUITE)
     (work / "score.yaml").write_text('tasks: {"*": {metric: score}}\n')
+    root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, MW_SEEDS=str(args.seeds), SDL_VIDEODRIVER="dummy", MUJOCO_GL="egl",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     runs = {"baseline": [], "regressed": [
         f"--hud-policy={EVALS / 'policies' / 'meta_world_experts.py'}:expert_noisy",
         f"--hud-baseline={work / 'baseline.jsonl'}", f"--hud-gate={work / 'score.yaml'}"]}
@@ -147,15 +151,18 @@ def metaworld(args: argparse.Namespace) -> None:
     for name, extra in runs.items():
         started = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", str(work / "test_mw_score.py"), "-n", "2", "--hud-width=2", "-q",
-             "-p", "no:cacheprovider", "--rootdir", str(work), f"--hud-results={work / f'{name}.jsonl'}", *extra],
+            [sys.executable, "-m", "pytest", str(work / "test_mw_score.py"), "-n", "2", "--hud-width=2",
+             "-q", "-p", "no:cacheprovider", "--rootdir", str(work),
+             f"--hud-results={work / f'{name}.jsonl'}", *extra],
             cwd=work, env=env, capture_output=True, text=True, check=False)
         results = load_results(work / f"{name}.jsonl")
         if not results.complete:
-            sys.exit(f"the {name} run did not finish (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+            sys.exit(f"the {name} run did not finish (exit {proc.returncode}):\n"
+                     f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
         (outcomes[name],) = outcomes_from_results(results).values()
         o = outcomes[name]
-        print(f"{name:<9}: {o.n} real {MW_TASK} episodes through pytest-hud in {time.perf_counter() - started:.0f} s, "
+        took = time.perf_counter() - started
+        print(f"{name:<9}: {o.n} real {MW_TASK} episodes through pytest-hud in {took:.0f} s, "
               f"success {o.n_success / o.n:.1%}, mean score {np.mean(list(o.scores.values())):.3f}")
         if name == "regressed":
             print("  its gate on the score, all episodes:")

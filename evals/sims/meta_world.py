@@ -370,7 +370,8 @@ class MetaWorldTask(gym.Env):
         state, reward, _, truncated, info = self.env.step(action)
         self._steps += 1
         success = bool(info.get("success", 0.0))
-        info = dict(info, success=success, is_success=success, task=self.task, score=self._score(info, success))
+        info = dict(info, success=success, is_success=success, task=self.task,
+                    score=self._score(info, success))
         terminated = self.stop_on_success and success
         truncated = bool(truncated) or self._steps >= self.max_episode_steps
         render, self._skip_next = not self._skip_next, False

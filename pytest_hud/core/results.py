@@ -211,7 +211,8 @@ class EpisodeRecord:
     def sim_checked(self) -> bool:
         """A passed episode whose sim's own success is known, of a test that grades success: one the
         summary checks against the sim (not a ``hud(graded=False)`` smoke test's)."""
-        return bool(self.success) and self.sim_success is not None and self.identity.get("graded") is not False
+        return (bool(self.success) and self.sim_success is not None
+                and self.identity.get("graded") is not False)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as builtin types: its fields, then the unknown ones it was read with."""

@@ -286,7 +286,8 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
     return {"plugin_version": __version__, "policy": portable_spec(policy, roots), "policy_hash": cache[policy],
             "sim": portable_spec(settings.sim, roots), "build": settings.build,
             "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps),
-            "n_action_steps": hud.settings.n_action_steps, **({} if settings.graded is not False else {"graded": False})}
+            "n_action_steps": hud.settings.n_action_steps,
+            **({"graded": False} if settings.graded is False else {})}
 
 
 def with_placement(record: EpisodeRecord, episodes: list[Any], policy: dict[str, Any] | None) -> EpisodeRecord:
