@@ -145,7 +145,7 @@ def _explicitly_used(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "hud(sim=None, policy=None, max_steps=None, build=None, min_success=None, metric=None): "
+        "hud(sim=None, policy=None, max_steps=None, build=None, min_success=None, metric=None, graded=True): "
         "per-test pytest-hud settings (closest marker wins)",
     )
     config.addinivalue_line(

@@ -11,6 +11,13 @@ are mounted upside down). **Action** ``float32 [4]`` in ``[-1, 1]`` (hand xyz de
 **Success** is Meta-World's ``info["success"]``; with ``stop_on_success=True`` (the default) the
 first successful step ends the episode, otherwise it runs to the 500-step cap.
 
+**Score** (``info["score"]``, in [0, 1], what a gate with ``metric="score"`` compares): the episode's
+mean *progress* over its step budget (``max_episode_steps``), the last step's progress held to the end
+of the budget. A step's progress is ``1 - d / d1``, clipped to [0, 1], where ``d`` is Meta-World's
+``info["obj_to_target"]`` (the object's distance to its goal; the hand's for reach tasks) and ``d1``
+that distance after the first step; a successful step's progress is 1. So a success scores near 1 (the
+sooner, the higher), and a failure scores by how close, and how soon, the object came to its goal.
+
 **Seeds.** Meta-World ignores ``reset(seed=...)``; what varies between its episodes is a *task
 variation* (object and goal positions, ``rand_vec``), 50 of them per task per benchmark seed. Here an
 episode seed ``s`` always means the same variation::
@@ -292,6 +299,8 @@ class MetaWorldTask(gym.Env):
         self.action_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
         self._variation = variation(task, 0)
         self._steps = 0
+        self._first_distance: float | None = None  # obj_to_target after the episode's first step
+        self._progress_sum = 0.0  # the episode's progress so far, summed over its steps
         self._skip_next = False  # the next step's frame goes unread (hud_skip_render)
         self._frame: np.ndarray | None = None  # the last rendered frame
 
@@ -346,7 +355,8 @@ class MetaWorldTask(gym.Env):
         self.env.set_task(self._variation)  # freezes the variation: no random task sampling on reset
         state, info = self.env.reset()
         self._steps = 0
-        info = {"success": False, "is_success": False, "task": self.task}
+        self._first_distance, self._progress_sum = None, 0.0
+        info = {"success": False, "is_success": False, "task": self.task, "score": 0.0}
         return self._observation(state), info
 
     def step(self, action: np.ndarray):
@@ -360,11 +370,23 @@ class MetaWorldTask(gym.Env):
         state, reward, _, truncated, info = self.env.step(action)
         self._steps += 1
         success = bool(info.get("success", 0.0))
-        info = dict(info, success=success, is_success=success, task=self.task)
+        info = dict(info, success=success, is_success=success, task=self.task,
+                    score=self._score(info, success))
         terminated = self.stop_on_success and success
         truncated = bool(truncated) or self._steps >= self.max_episode_steps
         render, self._skip_next = not self._skip_next, False
         return self._observation(state, render), float(reward), terminated, truncated, info
+
+    def _score(self, info: dict[str, Any], success: bool) -> float:
+        """The episode's score after this step (see the module's docstring)."""
+        distance = float(info.get("obj_to_target", 0.0))
+        if self._first_distance is None:
+            self._first_distance = distance
+        progress = 1.0 if success else (
+            min(1.0, max(0.0, 1.0 - distance / self._first_distance)) if self._first_distance > 0 else 0.0)
+        self._progress_sum += progress
+        remaining = max(0, self.max_episode_steps - self._steps)
+        return (self._progress_sum + remaining * progress) / max(self.max_episode_steps, self._steps)
 
     def close(self) -> None:
         viewer, self._viewer = self._viewer, None

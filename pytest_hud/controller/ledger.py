@@ -57,7 +57,7 @@ class _Tally:
         if rec.outcome in ("passed", "failed") and rec.success is not None:
             self.n += 1
             self.successes += bool(rec.success)
-            if rec.success and rec.sim_success is not None:
+            if rec.sim_checked:
                 self.sim_checked += 1
                 self.sim_successes += bool(rec.sim_success)
             if rec.total_reward is not None:

@@ -208,6 +208,13 @@ class EpisodeRecord:
         if self.seed is None and result.seed is not None:
             self.seed = result.seed
 
+    @property
+    def sim_checked(self) -> bool:
+        """A passed episode whose sim's own success is known, of a test that grades success: one the
+        summary checks against the sim (not a ``hud(graded=False)`` smoke test's)."""
+        return (bool(self.success) and self.sim_success is not None
+                and self.identity.get("graded") is not False)
+
     def to_dict(self) -> dict[str, Any]:
         """The record as builtin types: its fields, then the unknown ones it was read with."""
         data = to_builtin(asdict(self))
@@ -293,8 +300,8 @@ def aggregate(
             # none for a task whose episodes all errored: failing fast is no throughput
             episodes_per_hour=len(ran) * 3600.0 / busy if busy and ran and graded else None,
             reused=sum(1 for r in recs if r.reused),
-            sim_checked=sum(1 for r in graded if r.success and r.sim_success is not None),
-            sim_successes=sum(1 for r in graded if r.success and r.sim_success),
+            sim_checked=sum(1 for r in graded if r.sim_checked),
+            sim_successes=sum(1 for r in graded if r.sim_checked and r.sim_success),
         )
     return out
 

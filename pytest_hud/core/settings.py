@@ -170,6 +170,9 @@ class ItemSettings:
     build: dict[str, Any]
     min_success: float | None
     metric: str | None = None  # hud(metric="score"): the gate compares this test's scores
+    #: hud(graded=False): the test's outcome is not a success grade (a smoke test), so the summary
+    #: does not warn that it passed where the sim reported no success
+    graded: Any = True
 
 
 @dataclass(frozen=True)
@@ -353,6 +356,7 @@ class HudSettings:
             build=dict(marks.get("build") or {}),
             min_success=None if floor is None else float(floor),
             metric=marks.get("metric"),
+            graded=marks.get("graded", True),
         )
 
     def replace(self, **changes: Any) -> HudSettings:
@@ -403,3 +407,11 @@ def metric_problem(metric: str | None) -> str | None:
         return None
     return (f"hud(metric={metric!r}): the metric must be 'success' (the test's outcome) or 'score' (the sim's"
             " graded score per episode)")
+
+
+def graded_problem(graded: Any) -> str | None:
+    """Why a ``hud(graded=...)`` value is not one (None for True or False)."""
+    if isinstance(graded, bool):
+        return None
+    return (f"hud(graded={graded!r}): graded must be True (the test asserts the task's success, the default)"
+            " or False (a smoke test whose outcome is not a success grade)")

@@ -18,7 +18,7 @@ from pytest_hud import __version__
 from pytest_hud.worker.fixtures import hud_settings, item_settings
 from pytest_hud.worker.keys import EPISODES_KEY, SESSION_KEY
 from pytest_hud.worker.reports import EPISODE_PROPERTIES, forget_episode, lighten_report
-from pytest_hud.core.settings import HudSettings, metric_problem
+from pytest_hud.core.settings import HudSettings, graded_problem, metric_problem
 
 if TYPE_CHECKING:
     from pytest_hud.core.results import EpisodeRecord
@@ -157,6 +157,9 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
                 problems_of_items += [] if problem in problems_of_items else [problem]
             elif settings.metric is not None:
                 ident["metric"] = settings.metric
+            if graded_problem(settings.graded):
+                problem = f"{item.nodeid.split('[', 1)[0]}: {graded_problem(settings.graded)}"
+                problems_of_items += [] if problem in problems_of_items else [problem]
             try:
                 axes = item_axes(item, hud.settings)
             except ValueError as exc:
@@ -284,7 +287,8 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
     return {"plugin_version": __version__, "policy": portable_spec(policy, roots), "policy_hash": cache[policy],
             "sim": portable_spec(settings.sim, roots), "build": settings.build,
             "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps),
-            "n_action_steps": hud.settings.n_action_steps}
+            "n_action_steps": hud.settings.n_action_steps,
+            **({"graded": False} if settings.graded is False else {})}
 
 
 def with_placement(record: EpisodeRecord, episodes: list[Any], policy: dict[str, Any] | None) -> EpisodeRecord:

@@ -77,3 +77,46 @@ def test_tests_that_pass_without_the_sims_success_are_flagged(
         pytester.path / "summary.md").read_text()
     report = pytester.run(sys.executable, "-m", "pytest_hud", "report", "results.jsonl")
     assert "warning: test_suite.py::test_runs_only: 4 passed" in report.stdout.str()
+
+
+SMOKE_SUITE = '''
+import pytest
+
+pytestmark = pytest.mark.hud(sim="sims.py:cartpole", policy="policies:push_left")
+
+
+@pytest.mark.hud(graded=False)
+@pytest.mark.parametrize("seed", range(3))
+def test_smoke(shared_sim, robot_agent, seed):
+    assert robot_agent.run(shared_sim.episode(seed=seed)).steps > 0  # the path works; no success asserted
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_runs_only(shared_sim, robot_agent, seed):
+    robot_agent.run(shared_sim.episode(seed=seed))
+'''
+
+
+def test_a_suite_marked_graded_false_is_not_warned_about_and_says_so_in_its_records(
+        pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(sims=SIMS, policies=POLICIES, test_suite=SMOKE_SUITE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2",
+                                           "--hud-results=results.jsonl", timeout=200)
+    assert result.ret == 0, result.stdout.str()
+    out = result.stdout.str()
+    assert "warning: test_suite.py::test_runs_only: 3 passed, the sim reported success in 0 of 3" in out
+    assert "warning: test_suite.py::test_smoke" not in out
+    lines = [json.loads(line) for line in (pytester.path / "results.jsonl").read_text().splitlines()]
+    smoke = [e for e in lines if e["record"] == "episode" and e["task"].endswith("test_smoke")]
+    assert [(e["success"], e["sim_success"], e["identity"].get("graded")) for e in smoke] == [(True, False, False)] * 3
+    assert lines[-1]["tasks"]["test_suite.py::test_smoke"]["sim_checked"] == 0
+    report = pytester.run(sys.executable, "-m", "pytest_hud", "report", "results.jsonl")
+    assert "test_smoke: 3 passed" not in report.stdout.str() and "test_runs_only: 3 passed" in report.stdout.str()
+
+
+def test_a_graded_value_other_than_true_or_false_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(sims=SIMS, policies=POLICIES, test_suite=SMOKE_SUITE.replace("graded=False", 'graded="no"'))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--hud-results=results.jsonl", timeout=200)
+    assert result.ret == 4, result.stdout.str()
+    result.stderr.fnmatch_lines(["*hud(graded='no'): graded must be True*or False*"])
+    assert not (pytester.path / "results.jsonl").exists()

@@ -145,3 +145,36 @@ def test_the_delayed_expert_is_worse_and_the_noisy_one_is_reproducible():
     a, b = rollout(env, 5, policy=expert_noisy()), rollout(env, 5, policy=expert_noisy())
     np.testing.assert_array_equal(a[0], b[0])
     assert not np.array_equal(a[0], rollout(env, 5, policy=expert())[0])
+
+
+def final_info(env, seed, policy):
+    policy.reset()
+    obs, info = env.reset(seed=seed)
+    assert info["score"] == 0.0
+    steps = 0
+    while True:
+        obs, _, terminated, truncated, info = env.step(policy.predict(obs, env.task))
+        steps += 1
+        assert 0.0 <= info["score"] <= 1.0
+        if terminated or truncated:
+            return info, steps
+
+
+def test_the_score_grades_how_close_and_how_soon_the_object_reached_its_goal():
+    env = mw.MetaWorldTask("reach-v3", max_episode_steps=200)
+    solved, solved_steps = final_info(env, 0, ScriptedExpert())
+    held, _ = final_info(env, 0, ScriptedExpert(delay=10))  # the same variation, 10 steps later
+    idle, _ = final_info(env, 0, _Idle())  # never touches the object
+    assert solved["success"] and held["success"]
+    assert 1.0 > solved["score"] > held["score"] > 0.5  # a success scores high; a slower one lower
+    assert solved["score"] > 1.0 - solved_steps / 200  # the steps after the success count as done
+    assert not idle["success"] and idle["score"] < 0.01  # it only settles
+    env.close()
+
+
+class _Idle:
+    def reset(self):
+        pass
+
+    def predict(self, observation, prompt=None):
+        return np.zeros(4, np.float32)
