@@ -179,7 +179,7 @@ class HudController:
     # ------------------------------------------------- the pool service's calls
     def _declare(self, episodes: list[dict[str, Any]], worker: int = 0,
                  deselected: dict[str, list[str]] | None = None,
-                 shard: dict[str, Any] | None = None, policies: list[str] = (),
+                 shard: dict[str, Any] | None = None, policies: list[list[Any]] = (),
                  python_path: list[str] = (), hash_policies: dict[str, list[str] | None] | None = None,
                  sims: list[list[Any]] = (), problems: list[str] = ()) -> int:
         self.startup.mark("collected")  # declared once collected: the last worker's counts
@@ -264,17 +264,19 @@ class HudController:
             # imports them meanwhile and becomes the first policy server started.
             self.pool.warm_policy_server()
 
-    def prestart_policy_servers(self, specs: Iterable[str], worker: int = 0) -> None:
-        """With ``--hud-policy-server``: start the servers of ``specs`` for ``worker``'s replica now,
-        while the sims boot (:meth:`pytest_hud.controller.pool.SimPool.prestart_policy_server`)."""
+    def prestart_policy_servers(self, specs: Iterable[str | list[Any]], worker: int = 0) -> None:
+        """With ``--hud-policy-server``: start the servers of ``specs`` (each a spec, or a spec and
+        the rename map its tests feed it) for ``worker``'s replica now, while the sims boot
+        (:meth:`pytest_hud.controller.pool.SimPool.prestart_policy_server`)."""
         if not self.settings.policy_server:
             return
         from pytest_hud.agent.model import PolicyError, check_policy_spec
 
-        for spec in specs:
+        for entry in specs:
+            spec, rename = (entry, None) if isinstance(entry, str) else (entry[0], entry[1])
             try:
                 if check_policy_spec(spec).kind != "url":  # a ws:// policy is someone else's server
-                    self.pool.prestart_policy_server(spec, worker)
+                    self.pool.prestart_policy_server(spec, worker, rename)
             except PolicyError:
                 pass  # the test that uses it reports the bad spec
 

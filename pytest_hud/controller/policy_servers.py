@@ -30,6 +30,7 @@ class _Prestart:
     """A policy server started before its contract: it waits for ``contract_path`` to appear."""
 
     contract_path: Path
+    rename: dict[str, str]  #: what it feeds the checkpoint (observation key -> input feature)
     delivered: threading.Event = field(default_factory=threading.Event)  #: the contract is written
     done: threading.Event = field(default_factory=threading.Event)  #: announced, or failed
     service: Service | None = None
@@ -53,31 +54,34 @@ class PolicyServers:
         self._prestarts: dict[tuple[str, int], _Prestart] = {}  # (spec, replica) -> a server awaiting its contract
         self._prestarted = 0
 
-    def prestart_policy_server(self, spec: str, worker: int = 0) -> bool:
+    def prestart_policy_server(self, spec: str, worker: int = 0, rename: dict[str, str] | None = None) -> bool:
         """Start ``spec``'s policy server for ``worker``'s replica now, before any worker has a contract.
 
         The server imports what the policy needs (torch and LeRobot take seconds) while the sims
         boot, then waits for the contract that :meth:`policy_server_for` hands it. The boot timeout
         counts from that hand-off. Local launchers only (the contract file must reach the server);
-        one waiting server per (spec, replica); True if one was started. A server that no worker
+        one waiting server per (spec, rename, replica); True if one was started. ``rename``: what
+        the server feeds the checkpoint (default: ``--hud-policy-rename``). A server that no worker
         asks for waits, idle, until the run ends.
         """
         if not getattr(self.starter.launcher, "prestarts", False):
             return False
         replica = worker % self.policy_replicas
+        rename = self._rename(rename)
+        renamed = json.dumps(rename, sort_keys=True)
         workdir = self.starter.workdir
         with self._lock:
-            if self.starter.closed or (spec, replica) in self._prestarts or any(
-                    key[1] == spec and key[3] == replica for key in self._servers):
+            if self.starter.closed or (spec, renamed, replica) in self._prestarts or any(
+                    key[1] == spec and key[3] == renamed and key[4] == replica for key in self._servers):
                 return False
             self._prestarted += 1
-            pending = _Prestart(workdir / f"contract-{self._prestarted}.json")
-            self._prestarts[(spec, replica)] = pending
+            pending = _Prestart(workdir / f"contract-{self._prestarted}.json", rename)
+            self._prestarts[(spec, renamed, replica)] = pending
 
         def start() -> None:
             try:
                 pending.service = self.starter.launch(
-                    [*self._server_cmd(spec), "--contract-wait", str(pending.contract_path)],
+                    [*self._server_cmd(spec, rename), "--contract-wait", str(pending.contract_path)],
                     f"policy server for {spec!r}", "policy", clock=pending.delivered)
             except BaseException as exc:  # noqa: BLE001 - handed to the worker that takes this server
                 pending.error = exc
@@ -87,11 +91,15 @@ class PolicyServers:
         threading.Thread(target=start, name=f"hud-prestart-{self._prestarted}", daemon=True).start()
         return True
 
-    def _server_cmd(self, spec: str) -> list[str]:
+    def _rename(self, rename: dict[str, str] | None) -> dict[str, str]:
+        """A test's rename map (its marker's merged with the option's), else the option's."""
+        return dict(self.spec.policy_rename if rename is None else rename)
+
+    def _server_cmd(self, spec: str, rename: dict[str, str] | None = None) -> list[str]:
         # Keyed: _launch gives the child the run secret (SECRET_ENV), which the server takes as its
         # API key when given none; workers send the secret (session.HudSession.agent).
         threads = self.server_threads()
-        rename = self.spec.policy_rename
+        rename = self._rename(rename)
         return ["-m", SERVER_MODULE, "--policy", spec, "--port", "0",
                 *(["--threads", str(threads)] if threads else []),
                 *(["--rename", json.dumps(rename)] if rename else [])]
@@ -131,10 +139,10 @@ class PolicyServers:
             return False
         return bool(warm("policy", SERVER_MODULE, "pytest_hud.agent.lerobot:preload"))
 
-    def _prestarted_server(self, spec: str, replica: int, contract: dict[str, Any]) -> Service | None:
-        """The prestarted server for (spec, replica), given ``contract`` and announced; None if there is none."""
+    def _prestarted_server(self, spec: str, renamed: str, replica: int, contract: dict[str, Any]) -> Service | None:
+        """The prestarted server for (spec, rename, replica), given ``contract`` and announced; None if there is none."""
         with self._lock:
-            pending = self._prestarts.pop((spec, replica), None)
+            pending = self._prestarts.pop((spec, renamed, replica), None)
         if pending is None:
             return None
         tmp = pending.contract_path.with_suffix(".tmp")
@@ -146,19 +154,23 @@ class PolicyServers:
             raise pending.error
         return pending.service
 
-    def policy_server_for(self, spec: str, contract: dict[str, Any] | None = None, worker: int = 0) -> dict[str, Any]:
+    def policy_server_for(self, spec: str, contract: dict[str, Any] | None = None, worker: int = 0,
+                          rename: dict[str, str] | None = None) -> dict[str, Any]:
         """This worker's policy server for ``spec``: ``{"url", "node", "host"}`` (started on first request).
 
         With ``policy_replicas`` > 1, worker ``i`` uses replica ``i mod replicas``; each replica batches
-        across the workers that use it.
+        across the workers that use it. Tests that feed the checkpoint otherwise (``rename``, default
+        ``--hud-policy-rename``) get a server of their own.
         """
         replica = worker % self.policy_replicas
-        key = ("policy", spec, json.dumps(contract or {}, sort_keys=True), replica)
+        rename = self._rename(rename)
+        renamed = json.dumps(rename, sort_keys=True)
+        key = ("policy", spec, json.dumps(contract or {}, sort_keys=True), renamed, replica)
         with self.starter.key_lock(key):
             known = self._servers.get(key)
             if known is not None and known[0].poll() is None:
                 return known[1]
-            service = self.starter.once(key, lambda: self._start_policy_server(spec, replica, contract))
+            service = self.starter.once(key, lambda: self._start_policy_server(spec, rename, replica, contract))
             data = service.announce
             url = data.get("url") or f"ws://{data.get('host', self.spec.host)}:{data['ws']}"
             reply = {"url": url, "node": service.node, "host": data.get("host"), "replica": replica}
@@ -168,18 +180,19 @@ class PolicyServers:
                 self._servers[key] = (service, reply)
             return reply
 
-    def _start_policy_server(self, spec: str, replica: int, contract: dict[str, Any] | None) -> Service:
-        """The prestarted server for (spec, replica) given ``contract``, else one started now."""
+    def _start_policy_server(self, spec: str, rename: dict[str, str], replica: int,
+                             contract: dict[str, Any] | None) -> Service:
+        """The prestarted server for (spec, rename, replica) given ``contract``, else one started now."""
         if contract:
             try:
-                service = self._prestarted_server(spec, replica, contract)
+                service = self._prestarted_server(spec, json.dumps(rename, sort_keys=True), replica, contract)
             except LaunchError as exc:
                 if isinstance(exc, ExitedWhileStarting) and exc.returncode > 0:
                     raise  # its own error (a bad checkpoint): a new one would fail alike
                 service = None  # killed or timed out: start one the usual way, whose error (if any) is reported
             if service is not None:
                 return service
-        cmd, files = self._server_cmd(spec), None
+        cmd, files = self._server_cmd(spec, rename), None
         if contract:
             files = {"contract.json": json.dumps(contract)}
             cmd += ["--contract", "{dir}/contract.json"]

@@ -86,13 +86,15 @@ class SimPool:
         return self.bridge_set.stepping_notes(timeout)
 
     # --------------------------------------------------------- policy servers
-    def policy_server_for(self, spec: str, contract: dict[str, Any] | None = None, worker: int = 0) -> dict[str, Any]:
-        """This worker's policy server for ``spec``: ``{"url", "node", "host"}`` (started on first request)."""
-        return self.server_set.policy_server_for(spec, contract, worker)
+    def policy_server_for(self, spec: str, contract: dict[str, Any] | None = None, worker: int = 0,
+                          rename: dict[str, str] | None = None) -> dict[str, Any]:
+        """This worker's policy server for ``spec`` (fed with ``rename``): ``{"url", "node", "host"}``
+        (started on first request)."""
+        return self.server_set.policy_server_for(spec, contract, worker, rename)
 
-    def prestart_policy_server(self, spec: str, worker: int = 0) -> bool:
+    def prestart_policy_server(self, spec: str, worker: int = 0, rename: dict[str, str] | None = None) -> bool:
         """Start ``spec``'s policy server for ``worker``'s replica now, before any worker has a contract."""
-        return self.server_set.prestart_policy_server(spec, worker)
+        return self.server_set.prestart_policy_server(spec, worker, rename)
 
     def warm_policy_server(self) -> bool:
         """Start a standby interpreter that becomes the next policy server this pool starts."""

@@ -77,11 +77,12 @@ class PoolService:
         return address.to_dict()
 
     async def _policy_server(self, conn: Any, spec: str, contract: dict | None = None,
-                             worker: int = 0, python_path: list[str] = ()) -> dict[str, Any]:
+                             worker: int = 0, python_path: list[str] = (),
+                             rename: dict[str, str] | None = None) -> dict[str, Any]:
         self.pool.add_python_path(python_path)
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                None, self.pool.policy_server_for, spec, contract, worker
+                None, self.pool.policy_server_for, spec, contract, worker, rename
             )
         except PoolError as exc:
             raise RpcError(str(exc)) from None

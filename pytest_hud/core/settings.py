@@ -8,7 +8,9 @@ rebuild it with :meth:`HudSettings.from_dict`. Per test, :meth:`HudSettings.for_
 - ``policy``: command line > marker > ini > default (``--hud-policy`` evaluates another checkpoint
   on a suite as it is);
 - every other per-test key (``sim``, ``max_steps``, ``build``, ``min_success``): marker > command
-  line > ini > default (the options give a default to tests that don't say).
+  line > ini > default (the options give a default to tests that don't say);
+- ``rename``: the marker's map merged over ``--hud-policy-rename`` / ``hud_policy_rename`` (the
+  marker wins for an observation key both name).
 
 Timeouts and the margins that clients add on top of the bridge's own timeouts are derived here only
 (:class:`Timeouts`), so a client never gives up before the server it waits for.
@@ -17,12 +19,12 @@ Timeouts and the margins that clients add on top of the bridge's own timeouts ar
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from pytest_hud.core.shard import Shard, parse_shard
 
-__all__ = ["OPTIONS", "Option", "SettingsError", "HudSettings", "ItemSettings", "Timeouts"]
+__all__ = ["OPTIONS", "Option", "SettingsError", "HudSettings", "ItemSettings", "Timeouts", "marker_rename", "rename_problem"]
 
 
 class SettingsError(ValueError):
@@ -173,6 +175,7 @@ class ItemSettings:
     #: hud(graded=False): the test's outcome is not a success grade (a smoke test), so the summary
     #: does not warn that it passed where the sim reported no success
     graded: Any = True
+    rename: dict[str, str] = field(default_factory=dict)  # observation key -> LeRobot input feature
 
 
 @dataclass(frozen=True)
@@ -346,7 +349,8 @@ class HudSettings:
         return Timeouts(boot=self.boot_timeout, first_action=self.first_action_timeout, step=self.step_timeout)
 
     def for_item(self, marks: Mapping[str, Any]) -> ItemSettings:
-        """This run's settings for a test whose ``hud`` markers merge to ``marks`` (closest wins)."""
+        """This run's settings for a test whose ``hud`` markers merge to ``marks`` (closest wins).
+        A ``rename`` that is not a map of names is left out here and reported by :func:`rename_problem`."""
         max_steps = marks.get("max_steps", self.max_steps)
         floor = marks.get("min_success")
         return ItemSettings(
@@ -357,6 +361,7 @@ class HudSettings:
             min_success=None if floor is None else float(floor),
             metric=marks.get("metric"),
             graded=marks.get("graded", True),
+            rename={**self.rename, **marker_rename(marks.get("rename"))},
         )
 
     def replace(self, **changes: Any) -> HudSettings:
@@ -399,6 +404,34 @@ def parse_resources(text: str | None, option: str) -> dict[str, float]:
 def _either(choices: tuple[str, ...]) -> str:
     return ", ".join(choices[:-1]) + f" or {choices[-1]}"
 
+
+
+def marker_rename(value: Any) -> dict[str, str]:
+    """``hud(rename={...})``: observation key -> the LeRobot input feature it feeds ({} for a bad
+    value, which :func:`rename_problem` reports).
+
+    >>> marker_rename({"agentview_image": "observation.images.image"})
+    {'agentview_image': 'observation.images.image'}
+    >>> marker_rename(None)
+    {}
+    """
+    if value is None or rename_problem(value):
+        return {}
+    return {key.strip(): feature.strip() for key, feature in value.items()}
+
+
+def rename_problem(value: Any) -> str | None:
+    """Why a ``hud(rename=...)`` value is not a map of names (None when it is, or is unset)."""
+    example = "e.g. rename={'agentview_image': 'observation.images.image'}"
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return f"hud(rename={value!r}) must be a dict of observation key -> LeRobot input feature, {example}"
+    for key, feature in value.items():
+        if not (isinstance(key, str) and key.strip() and isinstance(feature, str) and feature.strip()):
+            return (f"hud(rename=...): {key!r}: {feature!r} is not a pair of names (observation key -> LeRobot "
+                    f"input feature, both non-empty strings), {example}")
+    return None
 
 
 def metric_problem(metric: str | None) -> str | None:

@@ -25,14 +25,17 @@ __all__ = ["RobotAgent", "shared_sim", "robot_agent", "hud_settings", "item_sett
 class RobotAgent:
     """The policy harness for one test: ``run(episode)`` / ``await arun(episode)``.
 
-    The model is loaded once per worker and policy spec; this object carries the test's settings
-    (``max_steps`` from ``--hud-max-steps`` or the ``hud`` marker).
+    The model is loaded once per worker, policy spec and rename map; this object carries the test's
+    settings (``max_steps`` from ``--hud-max-steps`` or the ``hud`` marker; ``rename`` from
+    ``--hud-policy-rename`` merged with the marker's).
     """
 
-    def __init__(self, session: HudSession, policy: str | None, max_steps: int | None):
+    def __init__(self, session: HudSession, policy: str | None, max_steps: int | None,
+                 rename: dict[str, str] | None = None):
         self.session = session
         self.policy = policy
         self.max_steps = max_steps
+        self.rename = dict(rename if rename is not None else session.settings.rename)
 
     def agent_for(self, episode: Episode) -> Agent:
         from pytest_hud.client.episode import EpisodeError
@@ -43,7 +46,7 @@ class RobotAgent:
                 "ws:// policy server), set hud_policy in the ini file, or mark the test "
                 "@pytest.mark.hud(policy=...)"
             )
-        return self.session.agent(self.policy, episode.contract)
+        return self.session.agent(self.policy, episode.contract, self.rename)
 
     def run(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
         """Run ``episode`` to its end (claiming it first if needed) and return its result."""
@@ -64,7 +67,7 @@ class RobotAgent:
     @property
     def model(self) -> Any:
         """The loaded model of the last contract used (None before the first episode)."""
-        for (policy, _), agent in self.session.agents.items():
+        for (policy, *_), agent in self.session.agents.items():
             if policy == self.policy:
                 return agent.model
         return None
@@ -109,8 +112,15 @@ def robot_agent(request: pytest.FixtureRequest) -> RobotAgent:
 
     The policy comes from ``--hud-policy`` on the command line, else ``@pytest.mark.hud(policy=...)``,
     else the ``hud_policy`` ini key;
-    ``max_steps`` from the marker or ``--hud-max-steps``. The model loads once per worker.
+    ``max_steps`` from the marker or ``--hud-max-steps``; ``rename`` (observation key -> a LeRobot
+    checkpoint's input feature) from ``--hud-policy-rename`` merged with ``@pytest.mark.hud(rename={...})``.
+    The model loads once per worker.
     """
+    from pytest_hud.core.settings import rename_problem
+
     session = _session(request)
     settings = item_settings(request.node, session)
-    return RobotAgent(session, settings.policy, settings.max_steps)
+    problem = rename_problem(hud_settings(request.node).get("rename"))
+    if problem:
+        raise pytest.UsageError(problem)
+    return RobotAgent(session, settings.policy, settings.max_steps, settings.rename)

@@ -18,7 +18,7 @@ from pytest_hud import __version__
 from pytest_hud.worker.fixtures import hud_settings, item_settings
 from pytest_hud.worker.keys import EPISODES_KEY, SESSION_KEY
 from pytest_hud.worker.reports import EPISODE_PROPERTIES, forget_episode, lighten_report
-from pytest_hud.core.settings import HudSettings, graded_problem, metric_problem
+from pytest_hud.core.settings import HudSettings, graded_problem, metric_problem, rename_problem
 
 if TYPE_CHECKING:
     from pytest_hud.core.results import EpisodeRecord
@@ -150,16 +150,18 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
         if is_episode_item(item):
             ident = item_identity(item)
             settings = item_settings(item, hud)
+            item_problems = (
+                metric_problem(settings.metric),
+                rename_problem(hud_settings(item).get("rename")),
+                graded_problem(settings.graded),
+            )
+            for problem in item_problems:
+                problem = problem and f"{item.nodeid.split('[', 1)[0]}: {problem}"
+                problems_of_items += [] if not problem or problem in problems_of_items else [problem]
             if settings.min_success is not None:
                 ident["min_success"] = settings.min_success
-            if metric_problem(settings.metric):
-                problem = f"{item.nodeid.split('[', 1)[0]}: {metric_problem(settings.metric)}"
-                problems_of_items += [] if problem in problems_of_items else [problem]
-            elif settings.metric is not None:
+            if settings.metric is not None and not metric_problem(settings.metric):
                 ident["metric"] = settings.metric
-            if graded_problem(settings.graded):
-                problem = f"{item.nodeid.split('[', 1)[0]}: {graded_problem(settings.graded)}"
-                problems_of_items += [] if problem in problems_of_items else [problem]
             try:
                 axes = item_axes(item, hud.settings)
             except ValueError as exc:
@@ -172,7 +174,7 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
                 used.add(settings.policy)
             fixtures = getattr(item, "fixturenames", ())
             if hud.settings.policy_server and settings.policy and "robot_agent" in fixtures:
-                served.add(settings.policy)
+                served.add((settings.policy, json.dumps(settings.rename, sort_keys=True)))
             if settings.sim and "shared_sim" in fixtures and not hud.settings.resume:
                 # (resumed episodes may all be replayed: their bridge starts when one runs)
                 build = dict(settings.build or {})
@@ -194,7 +196,7 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
 
         data["hash_policies"] = {spec: policy_files(spec) for spec in sorted(used)}
     if served:  # the pool starts their servers now, while the sims boot (SimPool.prestart_policy_server)
-        data["policies"] = sorted(served)
+        data["policies"] = [[spec, json.loads(rename)] for spec, rename in sorted(served)]
     if sims:  # and these bridges, before the first test asks for one
         data["sims"] = [sims[key] for key in sorted(sims)]
     if served or sims:

@@ -50,11 +50,11 @@ class HudSession:
         self._pool: RpcClient | None = None
         self._lock = threading.Lock()
         self.sims: dict[tuple[str, str], SharedSim] = {}
-        self.agents: dict[tuple[str, str], Agent] = {}
+        self.agents: dict[tuple[str, str, str], Agent] = {}  # (policy, contract, rename) as JSON
         self.current_item: pytest.Item | None = None
         self.policy_hashes: dict[str | None, str | None] = {}  # content hash per policy spec (resume identity)
         self.policy_places: dict[str, dict[str, Any]] = {}  # policy spec -> its server's {"url", "node", "host"}
-        self._load_failures: dict[tuple[str, str], str] = {}  # (policy, contract) -> why it did not load
+        self._load_failures: dict[tuple[str, str, str], str] = {}  # (policy, contract, rename) -> why it did not load
         self._recorders: list[Any] | None = None
 
     def project_paths(self) -> list[str]:
@@ -154,8 +154,11 @@ class HudSession:
             sim = self.sims[key] = SharedSim(self, target, dict(build or {}))
         return sim
 
-    def agent(self, policy: str, contract: Contract) -> Agent:
-        key = (policy, json.dumps(contract.to_dict(), sort_keys=True))
+    def agent(self, policy: str, contract: Contract, rename: dict[str, str] | None = None) -> Agent:
+        """The harness for ``policy`` on ``contract``, its model fed with ``rename`` (default: the
+        run's ``--hud-policy-rename``); loaded once per worker and (policy, contract, rename)."""
+        rename = dict(self.settings.rename if rename is None else rename)
+        key = (policy, json.dumps(contract.to_dict(), sort_keys=True), json.dumps(rename, sort_keys=True))
         agent = self.agents.get(key)
         failed = self._load_failures.get(key)
         if failed is not None:
@@ -171,7 +174,8 @@ class HudSession:
                 # One model copy for the whole run, batched across workers: this worker loads none.
                 try:
                     reply = self.pool_call("policy_server", spec=policy, contract=contract.to_dict(),
-                                           worker=self.worker, python_path=self.project_paths())
+                                           worker=self.worker, python_path=self.project_paths(),
+                                           **({"rename": rename} if rename else {}))
                 except RpcError as exc:
                     raise EpisodeError(f"no policy server for {policy!r}: {exc.message}") from None
                 place = reply if isinstance(reply, dict) else {"url": reply}
@@ -181,7 +185,7 @@ class HudSession:
                 served["api_key"] = place.get("key") or self.secret
             try:
                 model = load_policy(spec, contract, n_action_steps=self.settings.n_action_steps,
-                                    rename=self.settings.rename,
+                                    rename=rename,
                                     timeout=self.settings.first_action_timeout,
                                     threads=_model_threads(), **served)
             except PolicyError as exc:

@@ -114,3 +114,16 @@ def test_a_local_policy_server_leaves_the_env_processes_their_cores(monkeypatch,
     assert ("--threads" in pool.server_set._server_cmd("ckpt")) == (threads is not None)
     assert SimPool("s", BridgeSpec(width=width, vectorization=vectorization), workers=8,
                    launcher=StaticLauncher({})).server_threads() is None  # not started on this machine
+
+
+def test_a_policy_server_is_started_with_its_tests_rename_else_the_options():
+    import json
+
+    from pytest_hud.controller.pool import BridgeSpec, SimPool
+
+    pool = SimPool("s", BridgeSpec(width=1, policy_rename={"joints": "observation.state"}), workers=1)
+    option = pool.server_set._server_cmd("ckpt")
+    assert json.loads(option[option.index("--rename") + 1]) == {"joints": "observation.state"}
+    marked = pool.server_set._server_cmd("ckpt", {"arm": "observation.state"})
+    assert json.loads(marked[marked.index("--rename") + 1]) == {"arm": "observation.state"}
+    assert "--rename" not in pool.server_set._server_cmd("ckpt", {})

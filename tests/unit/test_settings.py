@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_hud.core.settings import OPTIONS, HudSettings, SettingsError, Timeouts
+from pytest_hud.core.settings import OPTIONS, HudSettings, SettingsError, Timeouts, rename_problem
 
 NONE = {name: None for name in OPTIONS}
 
@@ -66,3 +66,25 @@ def test_clients_always_wait_longer_than_the_bridge_they_wait_on():
     assert t == Timeouts(boot=10.0, first_action=50.0, step=2.0)
     assert t.recv > t.first_action + t.step
     assert t.pool_call > t.boot
+
+
+def test_the_marker_rename_merges_over_the_option_and_wins_for_a_key_both_name():
+    s = build({"policy_rename": "agentview_image=observation.images.a,state=observation.state"})
+    item = s.for_item({"rename": {"agentview_image": "observation.images.image",
+                                  "robot0_eye_in_hand_image": "observation.images.image2"}})
+    assert item.rename == {"agentview_image": "observation.images.image", "state": "observation.state",
+                           "robot0_eye_in_hand_image": "observation.images.image2"}
+    assert s.for_item({}).rename == {"agentview_image": "observation.images.a", "state": "observation.state"}
+    assert build().for_item({}).rename == {}
+
+
+@pytest.mark.parametrize("rename, message", [
+    ("agentview_image=observation.images.image", "must be a dict of observation key -> LeRobot input feature"),
+    ({"agentview_image": ""}, "'agentview_image': '' is not a pair of names"),
+    ({"agentview_image": 3}, "'agentview_image': 3 is not a pair of names"),
+])
+def test_a_bad_marker_rename_names_the_problem_and_an_example(rename, message):
+    problem = rename_problem(rename)
+    assert message in problem and "e.g. rename={'agentview_image'" in problem
+    assert build({"policy_rename": "a=b"}).for_item({"rename": rename}).rename == {"a": "b"}  # left out
+    assert rename_problem({"agentview_image": "observation.images.image"}) is None

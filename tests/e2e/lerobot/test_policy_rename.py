@@ -1,6 +1,7 @@
 """A LeRobot checkpoint whose input features are named otherwise than the sim's keys runs from the
-command line with ``--hud-policy-rename OBS=FEATURE`` (in the worker and through the policy server);
-without it, the episode errs with the fix named."""
+command line with ``--hud-policy-rename OBS=FEATURE`` or from the marker with
+``@pytest.mark.hud(rename={OBS: FEATURE})`` (in the worker and through the policy server); without
+it, the episode errs with the fix named."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def test_reach(shared_sim, robot_agent, seed):
 '''
 
 
+MARKED = SUITE.replace(f"policy={str(FINAL)!r})", f"policy={str(FINAL)!r}, rename=RENAME)")
+
+
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makepyfile(test_reach=SUITE, sim_joints=SIM)
@@ -79,3 +83,22 @@ def test_a_rename_without_an_equals_sign_is_a_usage_error(project):
     result = project.runpytest_subprocess("--hud-policy-rename", "joints", timeout=120)
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*--hud-policy-rename 'joints' is not OBS=FEATURE*"])
+
+
+@pytest.mark.parametrize("server", [False, True], ids=["in-worker", "policy-server"])
+def test_the_marker_rename_feeds_the_checkpoint_and_wins_over_the_option_for_its_key(pytester, server):
+    # the option maps "joints" to a feature the checkpoint does not have; the module's marker fixes it
+    pytester.makepyfile(test_reach=MARKED.replace("RENAME", "{'joints': 'observation.state'}"), sim_joints=SIM)
+    extra = ["--hud-policy-server"] if server else []
+    result = pytester.runpytest_subprocess("-n", "2", "--hud-results=r.jsonl", *extra,
+                                           "--hud-policy-rename", "joints=observation.nothing", timeout=240)
+    result.assert_outcomes(passed=4)
+    assert all(r.success for r in load_results(pytester.path / "r.jsonl").episodes)
+
+
+def test_a_marker_rename_that_is_not_a_dict_is_a_usage_error_naming_the_test(pytester):
+    pytester.makepyfile(test_reach=MARKED.replace("RENAME", "'joints=observation.state'"), sim_joints=SIM)
+    result = pytester.runpytest_subprocess("-p", "no:xdist", timeout=120)
+    assert result.ret != 0
+    output = result.stdout.str() + result.stderr.str()
+    assert "test_reach.py::test_reach: hud(rename='joints=observation.state') must be a dict" in output
