@@ -22,6 +22,7 @@ from conftest import start_bridge, stop  # noqa: E402
 from pytest_hud.agent.loop import Agent  # noqa: E402
 from pytest_hud.client.bridge import ControlClient  # noqa: E402
 from pytest_hud.client.episode import Episode  # noqa: E402
+from pytest_hud.core.results import load_results  # noqa: E402
 from pytest_hud.recording.video import VideoRecorder  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -99,3 +100,37 @@ def test_failed_episodes_videos_are_bit_identical_and_only_they_render_again(tmp
     # step of each failed episode's replay, and nothing more for the episodes that succeeded
     assert renders_every == len(SEEDS) * (STEPS + 1)
     assert renders == len(SEEDS) * (1 + STEPS // CHUNK) + len(failed) * (STEPS + 1)
+
+
+REACH = Path(__file__).resolve().parents[2] / "evals" / "sims" / "reach_pixels.py"
+CHUNKED = f'''
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.hud(sim={str(REACH) + ":reach_pixels"!r})
+
+def drift():
+    """A chunk of 8 small pushes right: the agent moves but never reaches the goal (fails)."""
+    return lambda obs: np.tile(np.array([[0.3, 0.0]], np.float32), (8, 1))
+
+@pytest.mark.parametrize("seed", range(2))
+def test_reach(shared_sim, robot_agent, seed):
+    robot_agent.policy = "test_chunks:drift"
+    assert robot_agent.run(shared_sim.episode(seed=seed)).success
+'''
+
+
+def test_the_plugin_replays_a_chunking_policys_failed_episodes_into_complete_videos(pytester):
+    import av
+
+    pytester.makepyfile(test_chunks=CHUNKED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-results=r.jsonl",
+                                           "-W", "error::pytest_hud.agent.replay.ReplayWarning", timeout=240)
+    result.assert_outcomes(failed=2)
+    records = load_results(pytester.path / "r.jsonl").episodes
+    assert sorted(r.episode for r in records) == ["0", "1"]  # a replay is not an episode of the run
+    for record in records:
+        with av.open(record.artefacts["video"]) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == record.steps + 1 == 41
+        assert not np.array_equal(frames[0], frames[-1])  # the agent moved: the frames are new ones
