@@ -122,8 +122,9 @@ class EpisodeLoop:
         self._action: np.ndarray | None = None
         self._spent = 0.0  # planning time charged to the action in flight
         self._chunk = _Chunker(contract)
-        # every frame's images are read by a should_stop or an observer that reads images (videos,
-        # datasets; a trace reads no image: ``reads_images = False``)
+        # every frame's images are read by a should_stop or an observer that reads images (videos of
+        # every episode, datasets; a trace reads no image: ``reads_images = False``; videos of failed
+        # episodes take theirs from a replay and are not among these observers)
         self._reads_all = should_stop is not None or any(
             getattr(o, "reads_images", True) for o in self.observers)
         self.tape = tape  # what a replay needs: the actions given, the frames rendered
