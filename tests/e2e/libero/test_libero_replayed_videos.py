@@ -51,6 +51,7 @@ class Frames:
 
     def on_start(self, episode, observation):
         self.starts += 1
+        self.after_grade = episode.grade_data is not None  # a replay's frames come after the grade
         self.frames = [{k: np.array(v) for k, v in observation.items()}]
 
     def on_step(self, action, observation, inference_s):
@@ -71,7 +72,7 @@ def test_a_replayed_episode_gives_the_frames_of_rendering_every_step(tmp_path):
                 warnings.simplefilter("error", ReplayWarning)
                 agent = Agent(ChunkModel(), max_steps=STEPS, observers=[frames])
                 agent.run(Episode(control, seed=4, task="task_01", build=build))
-            assert agent.replays_exact and frames.starts == 1
+            assert agent.replays_exact and frames.starts == 1 and frames.after_grade == replays
             runs.append(frames.frames)
     finally:
         stop(proc)
