@@ -32,6 +32,7 @@ from pytest_hud.core.contract import RESERVED_KEYS, Contract
 from pytest_hud.client.episode import EpisodeError
 
 if TYPE_CHECKING:
+    from pytest_hud.agent.replay import Tape
     from pytest_hud.client.episode import Episode, EpisodeResult
 
 __all__ = ["EpisodeLoop", "StepObserver", "features", "as_chunk"]
@@ -86,7 +87,8 @@ class EpisodeLoop:
       one by a margin is interrupted (see :class:`_Watchdog`); :meth:`close` ends the episode's timer.
 
     ``observers`` see the first frame and every step; their ``on_end`` belongs to the shell, which
-    alone knows how the episode ended.
+    alone knows how the episode ended. ``tape`` (a :class:`~pytest_hud.agent.replay.Tape`) keeps
+    the actions and the frames rendered, for a replay that renders every step after the episode.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class EpisodeLoop:
         step_timeout: float | None = None,
         observers: list[StepObserver] | None = None,
         episode: Episode | None = None,
+        tape: Tape | None = None,
     ) -> None:
         self.model = model
         self.contract = contract
@@ -119,13 +122,18 @@ class EpisodeLoop:
         self._action: np.ndarray | None = None
         self._spent = 0.0  # planning time charged to the action in flight
         self._chunk = _Chunker(contract)
-        # every frame's images are read by a should_stop or an observer that reads images (videos,
-        # datasets; a trace reads no image: ``reads_images = False``)
+        # every frame's images are read by a should_stop or an observer that reads images (videos of
+        # every episode, datasets; a trace reads no image: ``reads_images = False``; videos of failed
+        # episodes take theirs from a replay and are not among these observers)
         self._reads_all = should_stop is not None or any(
             getattr(o, "reads_images", True) for o in self.observers)
+        self.tape = tape  # what a replay needs: the actions given, the frames rendered
+        self._hint = True  # reads_next as the shell sent it with the action in flight
 
     def begin(self, frame: Mapping[str, Any]) -> np.ndarray | None:
         """The episode's first observation; returns the first action (None: nothing to do)."""
+        if self.tape is not None:
+            self.tape.started(frame)
         for obs in self.observers:
             obs.on_start(self.episode, frame)
         return self._next(frame)
@@ -135,6 +143,8 @@ class EpisodeLoop:
         if self._action is None:
             raise RuntimeError("observe() before begin() returned an action")
         self.steps += 1
+        if self.tape is not None:
+            self.tape.observed(self._action, frame, self._hint)
         for obs in self.observers:
             obs.on_step(self._action, frame, self._spent)
         return self._next(frame)
@@ -158,6 +168,7 @@ class EpisodeLoop:
             self._action = self.queue.popleft()
         else:
             self._action = self._plan(frame)
+        self._hint = self.reads_next
         return self._action
 
     def _plan(self, frame: Mapping[str, Any]) -> np.ndarray:

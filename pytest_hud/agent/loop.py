@@ -8,7 +8,9 @@ observers' ``on_start``/``on_step``) is made by :class:`~.episode_loop.EpisodeLo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -16,6 +18,7 @@ from pytest_hud.client.bridge import BridgeError
 from pytest_hud.client.episode import Episode, EpisodeError, EpisodeResult
 from pytest_hud.agent.episode_loop import EpisodeLoop, StepObserver
 from pytest_hud.agent.model import as_model
+from pytest_hud.agent.replay import ReplayMismatch, ReplayWarning, Tape, replayed_frames
 
 __all__ = ["Agent", "StepObserver"]
 
@@ -48,6 +51,9 @@ class Agent:
         self.should_stop = should_stop
         self.recv_timeout = recv_timeout
         self.observers: list[StepObserver] = list(observers or [])
+        #: False once a replay differed from its episode: from then on every step renders, and
+        #: observers that replay get the live frames (:mod:`pytest_hud.agent.replay`)
+        self.replays_exact = True
 
     # ------------------------------------------------------------------ sync
     def run(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
@@ -56,7 +62,7 @@ class Agent:
             with episode:
                 return self.run(episode, max_steps)
         loop = self._start(episode, max_steps)
-        with self._reporting(episode), \
+        with self._reporting(episode, loop), \
                 episode.open_slot(self.recv_timeout) as slot:
             try:
                 action = loop.begin(slot.first_observation)
@@ -64,7 +70,9 @@ class Agent:
                     action = loop.observe(slot.step(action, loop.reads_next))
             finally:
                 loop.close()
-        return self._finish(episode, loop)
+        result = self._grade(episode, loop)
+        self._replay(episode, loop, result, None)
+        return self._end(episode, result)
 
     # ---------------------------------------------------------------- asyncio
     async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
@@ -73,7 +81,7 @@ class Agent:
             async with episode:
                 return await self.arun(episode, max_steps)
         loop = self._start(episode, max_steps)
-        with self._reporting(episode):
+        with self._reporting(episode, loop):
             slot = await episode.aopen_slot(self.recv_timeout)
             try:
                 action = loop.begin(slot.first_observation)
@@ -82,7 +90,9 @@ class Agent:
             finally:
                 loop.close()
                 await slot.close()
-        return self._finish(episode, loop)
+        result = self._grade(episode, loop)
+        await asyncio.to_thread(self._replay, episode, loop, result, None)  # a whole episode's steps
+        return self._end(episode, result)
 
     # ------------------------------------------------------ shared by both
     def _start(self, episode: Episode, max_steps: int | None) -> EpisodeLoop:
@@ -94,6 +104,10 @@ class Agent:
         reset = getattr(self.model, "reset", None)
         if callable(reset):
             reset()
+        # observers that take their frames from a replay do not make the episode render every step
+        # (a replay needs the seed the episode was claimed with, and a sim that replays exactly)
+        replaying = [o for o in self.observers if getattr(o, "replays", False)] \
+            if self.replays_exact and episode.seed is not None else []
         return EpisodeLoop(
             self.model,
             episode.contract,
@@ -103,21 +117,27 @@ class Agent:
             should_stop=self.should_stop,
             first_action_timeout=self.first_action_timeout,
             step_timeout=self.step_timeout,
-            observers=self.observers,
+            observers=[o for o in self.observers if not any(o is r for r in replaying)],
             episode=episode,
+            tape=Tape(replaying) if replaying else None,
         )
 
     @contextlib.contextmanager
-    def _reporting(self, episode: Episode) -> Iterator[None]:
+    def _reporting(self, episode: Episode, loop: EpisodeLoop) -> Iterator[None]:
         """Tell observers how an interrupted episode ended; a bridge failure becomes EpisodeError."""
         try:
             yield
         except BridgeError as exc:
+            self._replay_errored(episode, loop, str(exc))
             self._notify_end(episode, str(exc))
             prefix = f"slot {episode.slot}: "
             message = str(exc)  # the bridge's own errors name their slot already
             raise EpisodeError(message if message.startswith(prefix) else prefix + message) from None
-        except BaseException as exc:  # the model raised, or the test was interrupted
+        except Exception as exc:  # the model raised
+            self._replay_errored(episode, loop, f"{type(exc).__name__}: {exc}")
+            self._notify_end(episode, f"{type(exc).__name__}: {exc}")
+            raise
+        except BaseException as exc:  # the test was interrupted: no replay
             self._notify_end(episode, f"{type(exc).__name__}: {exc}")
             raise
 
@@ -128,13 +148,51 @@ class Agent:
             except Exception:  # noqa: BLE001 - a recorder must not hide the episode's own error
                 pass
 
-    def _finish(self, episode: Episode, loop: EpisodeLoop) -> EpisodeResult:
+    def _grade(self, episode: Episode, loop: EpisodeLoop) -> EpisodeResult:
         try:
-            result = episode.finish(loop.steps, loop.inference_s, None)
+            return episode.finish(loop.steps, loop.inference_s, None)
         except BridgeError as exc:
             for obs in self.observers:
                 obs.on_end(episode, None, str(exc))
             raise EpisodeError(f"could not grade the episode on slot {episode.slot}: {exc}") from None
+
+    def _end(self, episode: Episode, result: EpisodeResult) -> EpisodeResult:
         for obs in self.observers:
             obs.on_end(episode, result, None)
         return result
+
+    def _replay_errored(self, episode: Episode, loop: EpisodeLoop, error: str) -> None:
+        """The frames an errored episode had before its error, for the observers that want them
+        (its slot is graded first, so that the replay can claim one)."""
+        if loop.tape is None or not any(o.wants_replay(None, error) for o in loop.tape.observers):
+            return
+        try:
+            episode.grade()
+        except BridgeError:
+            return  # the bridge is gone: nothing to replay on (and no frame to show)
+        self._replay(episode, loop, None, error)
+
+    def _replay(self, episode: Episode, loop: EpisodeLoop, result: EpisodeResult | None,
+                error: str | None) -> None:
+        """Hand the observers that replay, and want this episode, its frames, every one rendered
+        (:func:`~pytest_hud.agent.replay.replayed_frames`); a replay that fails or differs warns."""
+        tape = loop.tape
+        wanted = [o for o in tape.observers if o.wants_replay(result, error)] if tape is not None else []
+        if not wanted:
+            return
+        try:
+            frames = replayed_frames(episode, tape, loop.steps, self.recv_timeout, graded=error is None)
+        except ReplayMismatch as exc:
+            self.replays_exact = False
+            warnings.warn(ReplayWarning(
+                f"episode seed={episode.seed} did not replay exactly ({exc}): the sim is not deterministic, "
+                "so this episode has no video, and every later step renders its images"), stacklevel=2)
+            return
+        except (BridgeError, EpisodeError) as exc:
+            warnings.warn(ReplayWarning(f"could not replay episode seed={episode.seed} for its video: {exc}"),
+                          stacklevel=2)
+            return
+        for obs in wanted:
+            obs.on_start(episode, frames[0])
+            for action, frame in zip(tape.actions, frames[1:]):
+                obs.on_step(action, frame, 0.0)

@@ -107,6 +107,19 @@ class Episode:
                "build": self.task.get("build") or {}, "prompt": self.prompt}
         return {k: v for k, v in out.items() if v is not None}
 
+    def rerun(self) -> Episode:
+        """A new, unclaimed episode of this one's :meth:`definition` on the same bridge: the same
+        actions replay this episode step for step (how a video is rendered after an episode whose
+        unread renders were skipped, :mod:`pytest_hud.agent.replay`)."""
+        return Episode(self.control, self.contract, **self.rerun_task())
+
+    def rerun_task(self) -> dict[str, Any]:
+        """The claim arguments of :meth:`rerun` (no ``build`` where the episode's claim gave none)."""
+        task = self.definition()
+        if not task.get("build"):
+            task.pop("build", None)
+        return task
+
     def finish(self, steps: int, inference_s: float = 0.0, error: str | None = None,
                artefacts: dict[str, str] | None = None) -> EpisodeResult:
         """Grade and build the :class:`EpisodeResult` (called by the agent loop)."""

@@ -9,19 +9,21 @@
 
 How it works, and why:
 
-- **No extra rendering.** The recorder is a :class:`~pytest_hud.agent.loop.StepObserver` on the
-  worker: it keeps the contract's camera features (``episode.contract.cameras``) from the
-  observation frames the agent receives anyway. One video frame per observation, so an episode of
-  ``T`` steps gives ``T + 1`` frames (the reset observation plus one per action).
+- **Renders only for the videos written.** The recorder is a
+  :class:`~pytest_hud.agent.loop.StepObserver` on the worker: it keeps the contract's camera
+  features (``episode.contract.cameras``) from observation frames. In ``"all"`` mode those are the
+  frames the agent receives anyway, every one rendered. In ``"failed"`` mode it takes them from a
+  replay of each failed episode (``replays``, :mod:`pytest_hud.agent.replay`), so a chunking
+  policy's episodes render only the frames it reads, and only the failed ones are rendered again,
+  step for step, bit-identical to rendering every step. One video frame per observation, so an
+  episode of ``T`` steps gives ``T + 1`` frames (the reset observation plus one per action).
 - **Off the hot path.** During the episode it only keeps references to the frames (decoded wire
   arrays are read-only and fresh each tick; writeable arrays, which a local sim may reuse, are
   copied). Conversion and encoding happen after ``on_end`` on one background thread, so the next
   episode starts at once; one thread keeps encoding from competing with the sim for every core.
 - **Which episodes.** ``mode="failed"`` (the default of ``--hud-video``) writes a video when the
   episode did not succeed or errored; ``"all"`` writes every episode; ``"none"`` records nothing.
-  The outcome is only known at the end, so in ``"failed"`` mode frames are still kept during every
-  episode (``max_frames`` bounds the memory by keeping the last frames, the ones that show how it
-  ended).
+  ``max_frames`` bounds the memory by keeping the last frames, the ones that show how it ended.
 - **Paths ride on the result.** ``on_end`` sets ``result.artefacts["video"]`` (one camera) or
   ``result.artefacts["video/<camera>"]`` (several) to the absolute path *before* returning, while
   the file is still being encoded, so the path reaches the test report. Encoding writes
@@ -148,6 +150,10 @@ def encode_mp4(frames: list[Any], path: str | os.PathLike[str], fps: float = DEF
     return len(images)
 
 
+def _failed(result: Any, error: str | None) -> bool:
+    return result is None or error is not None or not bool(getattr(result, "success", False))
+
+
 class VideoRecorder:
     """A :class:`~pytest_hud.agent.loop.StepObserver` that writes an MP4 per camera per episode.
 
@@ -237,13 +243,23 @@ class VideoRecorder:
         if self._frames:
             self._keep(observation)
 
+    @property
+    def replays(self) -> bool:
+        """In ``"failed"`` mode the frames come from a replay of the episodes that need a video, so
+        the others render only what their policy reads (:mod:`pytest_hud.agent.replay`)."""
+        return self.mode == "failed"
+
+    def wants_replay(self, result: Any, error: str | None) -> bool:
+        """Whether this episode gets a video: in ``"failed"`` mode, when it failed or errored."""
+        return self.mode == "all" or (self.mode == "failed" and _failed(result, error))
+
     def on_end(self, episode: Any, result: Any, error: str | None) -> None:
         """Queue the encode if this episode should have a video, and put the paths on ``result``."""
         frames, self._frames = self._frames, {}
+        self.last_artefacts = {}
         if self.mode == "none" or not any(frames.values()):
             return
-        failed = result is None or error is not None or not bool(getattr(result, "success", False))
-        if self.mode == "failed" and not failed:
+        if self.mode == "failed" and not _failed(result, error):
             return
         _, _, stem = self._labels.take(episode)
         cams = [name for name in self._cameras if frames.get(name)]

@@ -18,7 +18,9 @@ reads are rendered, and those are bit-identical to rendering every step (``tests
         def hud_skip_render(self, skip: bool) -> None:
             self._skip_next = skip          # read (and cleared) by the next step()
 
-Camera images of a skipped step are the last rendered ones: a frame's layout never changes.
+Camera images of a skipped step are the last rendered ones: a frame's layout never changes. The
+videos of failed episodes are made from a replay of each with every frame rendered
+(:mod:`pytest_hud.agent.replay`), so they do not keep a chunking policy's episodes rendering.
 """
 
 from __future__ import annotations

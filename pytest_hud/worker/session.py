@@ -318,9 +318,13 @@ class SharedSim:
 class _PluginEpisode(Episode):
     """An :class:`Episode` that recovers from a replaced bridge and reports itself to the test."""
 
-    def __init__(self, sim: SharedSim, **task: Any) -> None:
+    def __init__(self, sim: SharedSim, replay: bool = False, **task: Any) -> None:
         self._sim = sim
+        self._replay = replay  # a replay of the test's episode, not a second episode of the test
         super().__init__(sim.control, sim.contract, **task)
+
+    def rerun(self) -> Episode:
+        return _PluginEpisode(self._sim, replay=True, **self.rerun_task())
 
     def open_slot(self, recv_timeout: float) -> Any:
         if self._sim.inline:
@@ -335,7 +339,8 @@ class _PluginEpisode(Episode):
         return await super().aopen_slot(recv_timeout)
 
     def claim(self) -> Episode:
-        self._sim.session.begin(self)
+        if not self._replay:
+            self._sim.session.begin(self)
         try:
             return super().claim()
         except BridgeError as exc:

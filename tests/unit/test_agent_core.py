@@ -386,6 +386,6 @@ def test_a_bridge_error_names_its_slot_once(bridge_said, shown):
 
     agent = Agent(Chunker())
     with pytest.raises(EpisodeError) as caught:
-        with agent._reporting(SimpleNamespace(slot=1)):
+        with agent._reporting(SimpleNamespace(slot=1), SimpleNamespace(tape=None)):
             raise BridgeError(bridge_said)
     assert str(caught.value) == shown

@@ -1,0 +1,98 @@
+"""Replays for videos, as plain calls: what the tape keeps, what counts as the same episode, and the
+agent's fallback when a sim does not replay exactly (every later step renders, a warning says why).
+The end to end (a real bridge, bit-identical videos, renders counted) is ``tests/e2e/test_replayed_videos.py``."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pytest_hud.agent.episode_loop import EpisodeLoop
+from pytest_hud.agent.loop import Agent
+from pytest_hud.agent.replay import ReplayMismatch, ReplayWarning, Tape, check_replay, replayed_frames
+from pytest_hud.core.contract import Contract, Feature
+
+CONTRACT = Contract(
+    features={
+        "state": Feature("state", "observation", "state", "float32", (2,), ["a", "b"]),
+        "action": Feature("action", "action", "box", "float32", (1,), ["a"], [-1.0], [1.0]),
+    },
+    control_rate=10.0,
+)
+
+
+def frame(t: float) -> dict:
+    return {"state": np.array([t, -t], np.float32), "terminated": False}
+
+
+def test_the_tape_keeps_every_action_and_only_the_rendered_frames():
+    tape = Tape([])
+    loop = EpisodeLoop(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((3, 1), np.float32)),
+                       CONTRACT, tape=tape)
+    action = loop.begin(frame(0))
+    for t in range(1, 7):
+        action = loop.observe(frame(t))
+    assert action is not None and len(tape.actions) == 6
+    assert sorted(tape.rendered) == [0, 3, 6]  # the reset's frame and each chunk's last
+    assert tape.skipped == 4
+
+
+def test_a_replay_must_give_back_every_rendered_frame_and_the_grade_bit_for_bit():
+    tape = Tape([])
+    tape.started(frame(0))
+    tape.observed(np.zeros(1), frame(1), rendered=False)
+    tape.observed(np.zeros(1), frame(2), rendered=True)
+    check_replay(tape, [frame(0), frame(9), frame(2)], {"success": False}, {"success": False})
+    with pytest.raises(ReplayMismatch, match="'state' differs at step 2"):
+        check_replay(tape, [frame(0), frame(1), frame(2.5)])
+    with pytest.raises(ReplayMismatch, match="success"):
+        check_replay(tape, [frame(0), frame(1), frame(2)], {"success": False}, {"success": True})
+    with pytest.raises(ReplayMismatch):  # the same values in another dtype are not the same bits
+        check_replay(tape, [frame(0), frame(1), {**frame(2), "state": np.array([2, -2], np.float64)}])
+
+
+def test_an_episode_whose_frames_were_all_rendered_needs_no_replay():
+    tape = Tape([])
+    tape.started(frame(0))
+    tape.observed(np.zeros(1), frame(1), rendered=True)
+    episode = SimpleNamespace(rerun=lambda: pytest.fail("replayed an episode it had every frame of"))
+    assert [f["state"][0] for f in replayed_frames(episode, tape, 1, 1.0)] == [0, 1]
+
+
+class Replaying:
+    replays = True
+
+    def __init__(self):
+        self.starts = 0
+
+    def wants_replay(self, result, error):
+        return True
+
+    def on_start(self, episode, observation):
+        self.starts += 1
+
+    def on_step(self, action, observation, inference_s):
+        pass
+
+    def on_end(self, episode, result, error):
+        pass
+
+
+def test_a_replay_that_differs_warns_and_every_later_step_renders(monkeypatch):
+    recorder = Replaying()
+    agent = Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
+                  observers=[recorder])
+    episode = SimpleNamespace(token="t", seed=3, contract=CONTRACT, prompt=None, grade_data={})
+    loop = agent._start(episode, 2)
+    assert loop.tape is not None and loop.observers == []  # the recorder waits for the replay
+    loop.begin(frame(0))
+    loop.observe(frame(1))
+    monkeypatch.setattr("pytest_hud.agent.loop.replayed_frames",
+                        lambda *a, **k: (_ for _ in ()).throw(ReplayMismatch("the replay's 'state' differs")))
+    with pytest.warns(ReplayWarning, match="did not replay exactly"):
+        agent._replay(episode, loop, SimpleNamespace(success=False), None)
+    assert recorder.starts == 0 and agent.replays_exact is False
+    later = agent._start(episode, 2)
+    assert later.tape is None and later.observers == [recorder] and later.reads_next
