@@ -105,9 +105,10 @@ class Agent:
         if callable(reset):
             reset()
         # observers that take their frames from a replay do not make the episode render every step
-        # (a replay needs the seed the episode was claimed with, and a sim that replays exactly)
-        replaying = [o for o in self.observers if getattr(o, "replays", False)] \
-            if self.replays_exact and episode.seed is not None else []
+        # (a replay needs the seed the episode was claimed with, and a sim that replays exactly);
+        # a sim without cameras has no image to skip or replay, so its episodes keep no tape
+        can_replay = self.replays_exact and episode.seed is not None and getattr(episode.contract, "cameras", None)
+        replaying = [o for o in self.observers if getattr(o, "replays", False)] if can_replay else []
         return EpisodeLoop(
             self.model,
             episode.contract,

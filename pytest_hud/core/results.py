@@ -34,8 +34,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_hud.stats import wilson_interval
-
 __all__ = [
     "SCHEMA",
     "EpisodeRecord",
@@ -271,6 +269,8 @@ def aggregate(
         by_task.setdefault(rec.task, []).append(rec)
     for task in declared or {}:
         by_task.setdefault(task, [])
+    from pytest_hud.stats import wilson_interval  # numpy: imported once a summary is asked for, not at start-up
+
     out: dict[str, TaskSummary] = {}
     for task, recs in sorted(by_task.items()):
         graded = [r for r in recs if r.outcome in ("passed", "failed") and r.success is not None]

@@ -21,6 +21,10 @@ CONTRACT = Contract(
     },
     control_rate=10.0,
 )
+WITH_CAMERA = Contract(
+    features={**CONTRACT.features, "image": Feature("image", "observation", "rgb", "uint8", (4, 4, 3), [])},
+    control_rate=10.0,
+)
 
 
 def frame(t: float) -> dict:
@@ -84,7 +88,7 @@ def test_a_replay_that_differs_warns_and_every_later_step_renders(monkeypatch):
     recorder = Replaying()
     agent = Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
                   observers=[recorder])
-    episode = SimpleNamespace(token="t", seed=3, contract=CONTRACT, prompt=None, grade_data={})
+    episode = SimpleNamespace(token="t", seed=3, contract=WITH_CAMERA, prompt=None, grade_data={})
     loop = agent._start(episode, 2)
     assert loop.tape is not None and loop.observers == []  # the recorder waits for the replay
     loop.begin(frame(0))
@@ -96,3 +100,16 @@ def test_a_replay_that_differs_warns_and_every_later_step_renders(monkeypatch):
     assert recorder.starts == 0 and agent.replays_exact is False
     later = agent._start(episode, 2)
     assert later.tape is None and later.observers == [recorder] and later.reads_next
+
+
+def test_a_sim_without_cameras_keeps_no_tape_and_its_observers_see_every_step():
+    recorder = Replaying()
+    agent = Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
+                  observers=[recorder])
+    state_only = SimpleNamespace(token="t", seed=3, contract=CONTRACT, prompt=None, grade_data={})
+    loop = agent._start(state_only, 2)
+    assert loop.tape is None and loop.observers == [recorder]  # nothing to skip, nothing to replay
+    with_camera = SimpleNamespace(token="u", seed=3, contract=WITH_CAMERA, prompt=None, grade_data={})
+    assert agent._start(with_camera, 2).tape is not None
+    unseeded = SimpleNamespace(token="v", seed=None, contract=WITH_CAMERA, prompt=None, grade_data={})
+    assert agent._start(unseeded, 2).tape is None  # a replay needs the seed the episode was claimed with
