@@ -100,6 +100,25 @@ def bridge(tmp_path: Path) -> Iterator:
         stop(proc)
 
 
+def standbys(timeout: float = 10.0) -> list[psutil.Process]:
+    """The standby interpreters this process started. A child just forked shows its parent's command
+    line until it execs, so an empty answer is looked at again, up to ``timeout`` seconds."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "pytest_hud.launch.standby" in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def stop(proc: subprocess.Popen) -> None:
     """Terminate a test's child process, killing it if it does not exit within 5 s."""
     if proc.poll() is None:

@@ -49,6 +49,18 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def preload() -> None:
+    """Import what a bridge imports before its sim's own module: this module's imports (asyncio,
+    numpy, the wire), the event loop, and gymnasium where installed. A standby bridge calls it while
+    the run starts (:mod:`pytest_hud.launch.standby`); nothing here reads the bridge's arguments or
+    environment, which arrive later."""
+    import importlib.util
+
+    new_event_loop().close()
+    if importlib.util.find_spec("gymnasium") is not None:
+        import gymnasium  # noqa: F401
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m pytest_hud.bridge",
@@ -300,7 +312,6 @@ def _serve_on_thread(server: BridgeServer, executor: MainThreadExecutor, loop: a
         print(f"pytest-hud bridge: cannot bind sockets: {failure[0]}", file=sys.stderr)
         return False
     return True
-
 
 
 def run() -> None:

@@ -24,7 +24,9 @@ from pytest_hud.controller.inline import inline_choice
 from pytest_hud.controller.services import PoolError, ServiceStarter
 from pytest_hud.launch.launcher import Service
 
-__all__ = ["PoolError", "BridgeSpec", "Bridges"]
+__all__ = ["PoolError", "BridgeSpec", "Bridges", "BRIDGE_MODULE"]
+
+BRIDGE_MODULE = "pytest_hud.bridge"  # what a bridge runs (python -m)
 
 
 def _label(key: tuple[str, str, int]) -> str:
@@ -131,12 +133,23 @@ class Bridges:
         threading.Thread(target=start, name="hud-prestart-bridge", daemon=True).start()
         return True
 
+    def warm_bridge(self) -> bool:
+        """Start a standby interpreter that imports a bridge's modules now (asyncio, numpy,
+        gymnasium: a few hundred ms on a busy machine) and becomes the next bridge this pool starts,
+        whatever its sim (launchers that can: :meth:`pytest_hud.launch.launcher.LocalLauncher.warm`).
+        None for a run that attaches to a bridge or never starts one (``--hud-inline=always``).
+        True if one started."""
+        warm = getattr(self.starter.launcher, "warm", None)
+        if warm is None or self.attach is not None or self.starter.closed or self.spec.inline == "always":
+            return False
+        return bool(warm("bridge", BRIDGE_MODULE, f"{BRIDGE_MODULE}.__main__:preload"))
+
     # --------------------------------------------------------------- spawning
     def _spawn(self, key: tuple, target: str, build: dict[str, Any]) -> _Bridge:
         spec = self.spec
         sharing = self._sharing(key[2])  # workers that will claim on this bridge: they start together
         cmd = [
-            "-m", "pytest_hud.bridge", target,
+            "-m", BRIDGE_MODULE, target,
             "--width", str(spec.width),
             "--vectorization", spec.vectorization,
             "--tick", spec.tick,

@@ -246,9 +246,13 @@ class HudController:
         needs. Without a checkpoint named, and with LeRobot installed, a standby interpreter imports
         torch and LeRobot meanwhile (:meth:`pytest_hud.controller.pool.SimPool.warm_policy_server`). Nothing
         starts for ``--collect-only``. A run whose tests turn out not to ask for the server (none
-        uses ``robot_agent``) leaves it idle until the run ends."""
+        uses ``robot_agent``) leaves it idle until the run ends. A standby bridge starts the same way
+        (:meth:`pytest_hud.controller.pool.SimPool.warm_bridge`), since most runs step a sim."""
+        if collect_only:
+            return
+        self.pool.warm_bridge()  # the first bridge's imports overlap the workers' start-up
         spec = self.settings.policy_cli
-        if collect_only or not self.settings.policy_server:
+        if not self.settings.policy_server:
             return
         from pytest_hud.agent.lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
 

@@ -96,6 +96,10 @@ class SimPool:
         """Start ``spec``'s policy server for ``worker``'s replica now, before any worker has a contract."""
         return self.server_set.prestart_policy_server(spec, worker, rename)
 
+    def warm_bridge(self) -> bool:
+        """Start a standby interpreter that becomes the next bridge this pool starts."""
+        return self.bridge_set.warm_bridge()
+
     def warm_policy_server(self) -> bool:
         """Start a standby interpreter that becomes the next policy server this pool starts."""
         return self.server_set.warm_policy_server()

@@ -1,6 +1,6 @@
 """A standby interpreter: it imports ahead, then becomes one of the run's services.
 
-    python -m pytest_hud.launch.standby MODULE [PRELOAD]
+    python -m pytest_hud.launch.standby --parent-pid PID MODULE [PRELOAD]
 
 ``LocalLauncher.warm`` starts one at pytest's configure for a role whose next service is slow to
 import (a policy server: torch and LeRobot take seconds, and the policy it will serve is only known
@@ -9,7 +9,9 @@ line on stdin, ``{"argv": [...], "env": {...}}``: the arguments and environment 
 have started ``python -m MODULE`` with. It applies the environment (``PYTHONPATH`` entries join
 ``sys.path`` where Python's start-up puts them) and runs ``MODULE`` as ``__main__``, in this
 process: what was imported ahead stays imported. End of stdin (the run ended without needing it,
-or the controller died) ends it. A failed preload only costs the time: the service imports what it
+or the controller died) ends it. ``--parent-pid`` names the controller on the command line, as a
+launched service's own arguments do, so that tools (and the teardown drills) that look for a run's
+services by their command line find this one too. A failed preload only costs the time: the service imports what it
 needs itself and reports its own errors.
 """
 
@@ -32,8 +34,10 @@ def _preload(spec: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--parent-pid"]:
+        argv = argv[2:]  # read by the service itself, from the arguments its launch hands over
     if not argv or len(argv) > 2:
-        print("usage: python -m pytest_hud.launch.standby MODULE [PRELOAD]", file=sys.stderr)
+        print("usage: python -m pytest_hud.launch.standby --parent-pid PID MODULE [PRELOAD]", file=sys.stderr)
         os._exit(2)
     module = argv[0]
     if len(argv) == 2:

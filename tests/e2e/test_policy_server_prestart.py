@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import stop
+from conftest import standbys, stop
 from policykit import serve_waiting, wait_for, write_atomically
 from pytest_hud.agent.remote import RemotePolicy
 from pytest_hud.core.contract import derive_contract
@@ -135,23 +135,6 @@ def test_a_waiting_server_exits_when_its_parent_dies(tmp_path, spec):
 def pool_children() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True)
             if "pytest_hud.serving" in " ".join(p.cmdline())]
-
-
-def standbys(timeout: float = 10.0) -> list[psutil.Process]:
-    """The standby interpreters this process started. A child just forked shows its parent's command
-    line until it execs, so an empty answer is looked at again, up to ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = []
-        for p in psutil.Process().children(recursive=True):
-            try:
-                if "pytest_hud.launch.standby" in " ".join(p.cmdline()):
-                    found.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
 
 
 def prestarted(pool: SimPool, spec: str) -> psutil.Process:

@@ -56,3 +56,47 @@ def test_the_clock_keeps_the_last_of_some_marks_and_the_first_of_others():
     assert clock.to_dict() == {"collected_s": 2.5, "first_result_s": 4.0}
     assert clock.line([("policy server for 'ckpt'", 10.5, 13.0)]) == \
         "collected 2.5 s · policy server for 'ckpt' 0.5→3.0 s · first result 4.0 s"
+
+
+LATE_SIM = '''
+import gymnasium as gym
+
+def cartpole(max_episode_steps=20):
+    return gym.make("CartPole-v1", max_episode_steps=max_episode_steps)
+'''
+
+
+def test_the_first_bridge_is_a_standby_that_imported_ahead_with_the_runs_secret_and_paths(tmp_path):
+    # The sim's module is importable only from a path a worker declares after the standby started.
+    from conftest import standbys
+    from pytest_hud.client.bridge import ControlClient
+    from pytest_hud.controller.pool import BridgeSpec, SimPool
+
+    (tmp_path / "late_sims.py").write_text(LATE_SIM)
+    pool = SimPool("s3cret", BridgeSpec(width=1, inline="never"), workers=1)
+    try:
+        assert pool.warm_bridge()
+        assert not pool.warm_bridge()  # one standby
+        (standby,) = standbys()
+        pool.add_python_path([str(tmp_path)])
+        address = pool.bridge_for("late_sims:cartpole", {})
+        assert address.pid == standby.pid  # it became the bridge: no other process started
+        with ControlClient(address, timeout=10.0) as control:  # the control channel takes the run's secret
+            assert control.round_trip_s() > 0
+        assert pool.bridge_for("late_sims:cartpole", {"max_episode_steps": 5}).pid != standby.pid
+    finally:
+        pool.stop_all()
+    assert not standby.is_running()
+
+
+@pytest.mark.parametrize("spec", [{"inline": "always"}, {"attach": True}])
+def test_a_run_that_starts_no_bridge_warms_none(spec):
+    from pytest_hud.client.bridge import BridgeAddress
+    from pytest_hud.controller.pool import BridgeSpec, SimPool
+
+    attach = BridgeAddress(host="127.0.0.1", control=1, ws=2, secret="s") if spec.get("attach") else None
+    pool = SimPool("s3cret", BridgeSpec(width=1, inline=spec.get("inline", "auto")), workers=1, attach=attach)
+    try:
+        assert not pool.warm_bridge()
+    finally:
+        pool.stop_all()
