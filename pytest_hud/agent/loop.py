@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -21,6 +22,9 @@ from pytest_hud.agent.model import as_model
 from pytest_hud.agent.replay import ReplayMismatch, ReplayWarning, Tape, replayed_frames
 
 __all__ = ["Agent", "StepObserver"]
+
+
+REPLAYED_SHARE = 0.75  # share of episodes wanted replayed above which episodes render live (Agent._taping)
 
 
 class Agent:
@@ -54,6 +58,10 @@ class Agent:
         #: False once a replay differed from its episode: from then on every step renders, and
         #: observers that replay get the live frames (:mod:`pytest_hud.agent.replay`)
         self.replays_exact = True
+        #: episodes an observer that replays saw, and those it wanted replayed (a failed episode's
+        #: video), taped or not: where most are wanted, episodes render live instead (:meth:`_taping`)
+        self.watched = self.wanted = 0
+        self.live_above = REPLAYED_SHARE  # 1.0: always skip and replay
 
     # ------------------------------------------------------------------ sync
     def run(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
@@ -71,8 +79,28 @@ class Agent:
             finally:
                 loop.close()
         result = self._grade(episode, loop)
+        self._count(result, None)
         self._replay(episode, loop, result, None)
         return self._end(episode, result)
+
+    def _taping(self) -> bool:
+        """Whether the next episode skips the frames its policy does not read and is replayed
+        for its observers if they want it, or renders every step live.
+
+        A replay runs the whole episode again with every frame rendered, while skipping saves at
+        most the rendering share of a step (about 80-90 % on PushT and LIBERO with a 10-step chunk):
+        skipping pays while fewer than about three episodes in four are replayed. Once more than
+        that share of this agent's episodes would have been (a policy that fails most episodes, with
+        videos of failures), its episodes render live, until the share falls again; a replay that
+        differed turns taping off for good (``replays_exact``)."""
+        return self.replays_exact and self.wanted <= self.live_above * self.watched
+
+    def _count(self, result: EpisodeResult | None, error: str | None) -> None:
+        """Tally whether an observer that replays wants this episode (:meth:`_taping`)."""
+        replaying = [o for o in self.observers if getattr(o, "replays", False)]
+        if replaying:
+            self.watched += 1
+            self.wanted += any(o.wants_replay(result, error) for o in replaying)
 
     # ---------------------------------------------------------------- asyncio
     async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
@@ -91,6 +119,7 @@ class Agent:
                 loop.close()
                 await slot.close()
         result = self._grade(episode, loop)
+        self._count(result, None)
         await asyncio.to_thread(self._replay, episode, loop, result, None)  # a whole episode's steps
         return self._end(episode, result)
 
@@ -107,7 +136,7 @@ class Agent:
         # observers that take their frames from a replay do not make the episode render every step
         # (a replay needs the seed the episode was claimed with, and a sim that replays exactly);
         # a sim without cameras has no image to skip or replay, so its episodes keep no tape
-        can_replay = self.replays_exact and episode.seed is not None and getattr(episode.contract, "cameras", None)
+        can_replay = self._taping() and episode.seed is not None and getattr(episode.contract, "cameras", None)
         replaying = [o for o in self.observers if getattr(o, "replays", False)] if can_replay else []
         return EpisodeLoop(
             self.model,
@@ -165,6 +194,7 @@ class Agent:
     def _replay_errored(self, episode: Episode, loop: EpisodeLoop, error: str) -> None:
         """The frames an errored episode had before its error, for the observers that want them
         (its slot is graded first, so that the replay can claim one)."""
+        self._count(None, error)
         if loop.tape is None or not any(o.wants_replay(None, error) for o in loop.tape.observers):
             return
         try:
@@ -181,6 +211,7 @@ class Agent:
         wanted = [o for o in tape.observers if o.wants_replay(result, error)] if tape is not None else []
         if not wanted:
             return
+        began = time.monotonic()
         try:
             frames = replayed_frames(episode, tape, loop.steps, self.recv_timeout, graded=error is None)
         except ReplayMismatch as exc:
@@ -197,3 +228,5 @@ class Agent:
             obs.on_start(episode, frames[0])
             for action, frame in zip(tape.actions, frames[1:]):
                 obs.on_step(action, frame, 0.0)
+        if result is not None:
+            result.replay_s = time.monotonic() - began

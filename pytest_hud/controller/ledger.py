@@ -69,9 +69,8 @@ class _Tally:
         if not rec.reused and rec.outcome != "skipped":
             self.ran += 1
             self.busy += rec.duration_s or 0.0
-            if rec.finished_at is not None and rec.duration_s is not None:
+            if (start := rec.started_at) is not None:
                 self.stamped += 1
-                start = rec.finished_at - rec.duration_s
                 self.first_start = start if self.first_start is None else min(self.first_start, start)
                 self.last_finish = rec.finished_at if self.last_finish is None else max(self.last_finish,
                                                                                          rec.finished_at)
@@ -214,7 +213,7 @@ class Ledger:
         self._tallies.setdefault(sys.intern(record.task), _Tally()).add(record)
         if not record.reused and record.outcome != "skipped" and record.finished_at is not None:
             self.ran += 1
-            start = record.finished_at - (record.duration_s or 0.0)
+            start = record.finished_at - (record.duration_s or 0.0) - float(record.extra.get("replay_s") or 0.0)
             self.first_start = start if self.first_start is None else min(self.first_start, start)
         ident = record.identity or {}
         if ident.get("policy"):

@@ -118,6 +118,8 @@ class EpisodeResult:
     error: str | None = None
     inference_s: float = 0.0
     artefacts: dict[str, str] = field(default_factory=dict)
+    #: seconds the worker spent after the grade replaying the episode for its video or trace
+    replay_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -203,8 +205,18 @@ class EpisodeRecord:
         self.artefacts = dict(result.artefacts)
         self.extra.update(success_at_reset=result.success_at_reset, inference_s=result.inference_s,
                           terminated=result.terminated, truncated=result.truncated)
+        if result.replay_s:
+            self.extra["replay_s"] = result.replay_s
         if self.seed is None and result.seed is not None:
             self.seed = result.seed
+
+    @property
+    def started_at(self) -> float | None:
+        """Epoch seconds when the episode started: its report's arrival less its duration and the
+        replay its worker ran after it (for a video) before reporting; None without timestamps."""
+        if self.finished_at is None or self.duration_s is None:
+            return None
+        return self.finished_at - self.duration_s - float(self.extra.get("replay_s") or 0.0)
 
     @property
     def sim_checked(self) -> bool:
@@ -261,7 +273,7 @@ def aggregate(
 
     Errors are not failures: they are excluded from ``n`` and counted separately (coverage).
     ``episodes_per_hour`` is the task's own throughput: its episodes over the span from its first
-    episode's start to its last one's end (``finished_at - duration_s``); without timestamps, over
+    episode's start to its last one's end (:attr:`EpisodeRecord.started_at`); without timestamps, over
     ``wall_s`` (the run's wall time) when given, else over the summed durations.
     """
     by_task: dict[str, list[EpisodeRecord]] = {}
@@ -280,9 +292,9 @@ def aggregate(
         returns = [r.total_reward for r in graded if r.total_reward is not None]
         steps = [r.steps for r in graded if r.steps is not None]
         ran = [r for r in recs if not r.reused and r.outcome != "skipped"]
-        stamped = [r for r in ran if r.finished_at is not None and r.duration_s is not None]
+        stamped = [r for r in ran if r.started_at is not None]
         if stamped and len(stamped) == len(ran):
-            busy = max(r.finished_at for r in stamped) - min(r.finished_at - r.duration_s for r in stamped)
+            busy = max(r.finished_at for r in stamped) - min(r.started_at for r in stamped)
         else:
             busy = wall_s if wall_s else sum(r.duration_s or 0.0 for r in ran)
         out[task] = TaskSummary(

@@ -60,10 +60,11 @@ class Videos(VideoRecorder):
         self.videos[self._seed] = [np.array(f) for f in frames]
 
 
-def run(address, tmp_path: Path, log: Path, replays: bool):
+def run(address, tmp_path: Path, log: Path, replays: bool, live_above: float = 1.0):
     build = {"log": str(log), "steps": STEPS}
     videos = Videos(tmp_path / "videos", replays)
     agent = Agent(ChunkModel(), observers=[videos])
+    agent.live_above = live_above  # 1.0: skip and replay whatever share fails
     results = {}
     with ControlClient(address) as control:
         for seed in SEEDS:
@@ -83,6 +84,7 @@ def test_failed_episodes_videos_are_bit_identical_and_only_they_render_again(tmp
     try:
         every, results_every, renders_every = run(address, tmp_path, log, replays=False)
         replayed, results, renders = run(address, tmp_path, log, replays=True)
+        mixed, results_mixed, renders_mixed = run(address, tmp_path, log, replays=True, live_above=0.5)
     finally:
         stop(proc)
     failed = sorted(seed for seed, r in results.items() if not r.success)
@@ -100,6 +102,18 @@ def test_failed_episodes_videos_are_bit_identical_and_only_they_render_again(tmp
     # step of each failed episode's replay, and nothing more for the episodes that succeeded
     assert renders_every == len(SEEDS) * (STEPS + 1)
     assert renders == len(SEEDS) * (1 + STEPS // CHUNK) + len(failed) * (STEPS + 1)
+    # where most episodes so far failed, the next one renders every step live instead: the same
+    # videos, and the renders of whichever way each episode went
+    assert {s: r.total_reward for s, r in results_mixed.items()} == {s: r.total_reward for s, r in results.items()}
+    assert sorted(mixed) == failed
+    for seed in failed:
+        assert [f.tobytes() for f in mixed[seed]] == [f.tobytes() for f in every[seed]]
+    expected, watched, wanted = 0, 0, 0
+    for seed in SEEDS:
+        taped = wanted <= 0.5 * watched
+        expected += (1 + STEPS // CHUNK + (STEPS + 1) * (seed in failed)) if taped else STEPS + 1
+        watched, wanted = watched + 1, wanted + (seed in failed)
+    assert renders_mixed == expected and renders_mixed != renders  # both ways were taken
 
 
 REACH = Path(__file__).resolve().parents[2] / "evals" / "sims" / "reach_pixels.py"

@@ -88,6 +88,7 @@ def test_one_result_type_from_the_bridges_grade_to_the_results_line():
     done = EpisodeResult.from_dict(wire).completed(duration_s=1.5, inference_s=0.25, artefacts={"video": "v.mp4"})
     assert (done.success, done.steps, done.duration_s, done.artefacts) == (True, 30, 1.5, {"video": "v.mp4"})
     assert not grade.completed(duration_s=1.0, error="EpisodeError: boom").success  # the agent's error wins
+    done.replay_s = 0.75  # the agent replayed it for its video
     record = episode_record({"task": "t.py::test_x", "episode": "7", "nodeid": "t.py::test_x[7]", "seed": 7},
                             outcome="passed", identity={}, worker="gw0", duration_s=2.0, result=done)
     assert isinstance(record, EpisodeRecord)  # the worker's grade is the record itself, no dict built by hand
@@ -98,6 +99,7 @@ def test_one_result_type_from_the_bridges_grade_to_the_results_line():
     assert line == record
     assert (line.steps, line.total_reward, line.duration_s, line.slot) == (30, 4.5, 1.5, 2)
     assert line.extra["inference_s"] == 0.25 and line.artefacts == {"video": "v.mp4"}
+    assert line.extra["replay_s"] == 0.75
     graded = episode_record({"task": "t", "episode": "1", "nodeid": "t[1]"}, outcome="error", identity={},
                             worker="gw0", duration_s=3.0, grade=wire, bridge_error="boom")
     assert graded.duration_s == 3.0 and graded.steps == 30 and graded.extra == {"env_success": True}

@@ -113,3 +113,52 @@ def test_a_sim_without_cameras_keeps_no_tape_and_its_observers_see_every_step():
     assert agent._start(with_camera, 2).tape is not None
     unseeded = SimpleNamespace(token="v", seed=None, contract=WITH_CAMERA, prompt=None, grade_data={})
     assert agent._start(unseeded, 2).tape is None  # a replay needs the seed the episode was claimed with
+
+
+class VideosOfFailures(Replaying):
+    def wants_replay(self, result, error):
+        return error is not None or not result.success
+
+
+def test_episodes_render_live_while_most_of_them_would_be_replayed_and_tape_again_when_few_are():
+    # A replay runs the whole episode again with every frame: for a policy that fails nearly every
+    # episode (with videos of failures) skipping frames and replaying costs more than rendering them.
+    agent = Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
+                  observers=[VideosOfFailures()])
+    episode = SimpleNamespace(token="t", seed=3, contract=WITH_CAMERA, prompt=None, grade_data={})
+    failed, passed = SimpleNamespace(success=False), SimpleNamespace(success=True)
+    assert agent._start(episode, 2).tape is not None  # nothing known yet: skip and replay
+    agent._count(failed, None)
+    assert agent._start(episode, 2).tape is None  # 1 of 1 wanted: render live
+    agent._count(passed, None)
+    assert agent._start(episode, 2).tape is not None  # 1 of 2
+    agent._count(None, "the model raised")
+    agent._count(failed, None)
+    assert agent._start(episode, 2).tape is not None  # 3 of 4 is not above three in four...
+    agent._count(failed, None)
+    assert agent._start(episode, 2).tape is None  # ...4 of 5 is
+    for _ in range(3):
+        agent._count(passed, None)
+    assert agent._start(episode, 2).tape is not None  # 4 of 8
+
+
+def test_a_replay_s_time_is_on_the_result_and_the_record_starts_before_it(monkeypatch):
+    from pytest_hud.core.results import EpisodeRecord, EpisodeResult
+
+    recorder = VideosOfFailures()
+    agent = Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
+                  observers=[recorder])
+    episode = SimpleNamespace(token="t", seed=3, contract=WITH_CAMERA, prompt=None, grade_data={})
+    loop = agent._start(episode, 2)
+    loop.begin(frame(0))
+    loop.observe(frame(1))
+    clock = iter([100.0, 102.5])
+    monkeypatch.setattr("pytest_hud.agent.loop.time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr("pytest_hud.agent.loop.replayed_frames", lambda *a, **k: [frame(0), frame(1)])
+    result = EpisodeResult(success=False, score=0.0, total_reward=0.0, steps=1, duration_s=4.0)
+    agent._replay(episode, loop, result, None)
+    assert result.replay_s == 2.5 and recorder.starts == 1
+    record = EpisodeRecord(nodeid="t.py::test", task="t.py::test", episode="seed=3", outcome="failed", success=False)
+    record.take_result(result)
+    record.finished_at = 1000.0
+    assert record.started_at == 1000.0 - 4.0 - 2.5  # the report came after the replay
