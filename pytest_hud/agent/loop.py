@@ -136,7 +136,8 @@ class Agent:
         # observers that take their frames from a replay do not make the episode render every step
         # (a replay needs the seed the episode was claimed with, and a sim that replays exactly);
         # a sim without cameras has no image to skip or replay, so its episodes keep no tape
-        can_replay = self._taping() and episode.seed is not None and getattr(episode.contract, "cameras", None)
+        cameras = getattr(episode.contract, "cameras", None)
+        can_replay = self._taping() and episode.seed is not None and cameras
         replaying = [o for o in self.observers if getattr(o, "replays", False)] if can_replay else []
         return EpisodeLoop(
             self.model,

@@ -137,8 +137,8 @@ class Bridges:
         """Start a standby interpreter that imports a bridge's modules now (asyncio, numpy,
         gymnasium: a few hundred ms on a busy machine) and becomes the next bridge this pool starts,
         whatever its sim (launchers that can: :meth:`pytest_hud.launch.launcher.LocalLauncher.warm`).
-        None for a run that attaches to a bridge or never starts one (``--hud-inline=always``).
-        True if one started."""
+        Nothing starts for a run that attaches to a bridge or never starts one
+        (``--hud-inline=always``). True if one started."""
         warm = getattr(self.starter.launcher, "warm", None)
         if warm is None or self.attach is not None or self.starter.closed or self.spec.inline == "always":
             return False

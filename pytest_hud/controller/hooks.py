@@ -332,8 +332,7 @@ class HudController:
         if not record.reused:
             record.finished_at = time.time()
             self.startup.first("first_result", now := time.monotonic())
-            after = float(record.extra.get("replay_s") or 0.0)  # the replay for its video came before its report
-            self.startup.first("first_episode_started", now - (record.duration_s or 0.0) - after)
+            self.startup.first("first_episode_started", now - record.before_report_s)
         with self._lock:
             self.ledger.add(record)
         writer = self._write()  # (takes its own lock, then the books': never the other way round)

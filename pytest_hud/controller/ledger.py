@@ -213,7 +213,7 @@ class Ledger:
         self._tallies.setdefault(sys.intern(record.task), _Tally()).add(record)
         if not record.reused and record.outcome != "skipped" and record.finished_at is not None:
             self.ran += 1
-            start = record.finished_at - (record.duration_s or 0.0) - float(record.extra.get("replay_s") or 0.0)
+            start = record.finished_at - record.before_report_s
             self.first_start = start if self.first_start is None else min(self.first_start, start)
         ident = record.identity or {}
         if ident.get("policy"):

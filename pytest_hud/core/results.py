@@ -211,12 +211,18 @@ class EpisodeRecord:
             self.seed = result.seed
 
     @property
+    def before_report_s(self) -> float:
+        """Seconds from the episode's start to its report: its duration and the replay its worker
+        ran after it (for a video) before reporting."""
+        return (self.duration_s or 0.0) + float(self.extra.get("replay_s") or 0.0)
+
+    @property
     def started_at(self) -> float | None:
-        """Epoch seconds when the episode started: its report's arrival less its duration and the
-        replay its worker ran after it (for a video) before reporting; None without timestamps."""
+        """Epoch seconds when the episode started (its report's arrival less :attr:`before_report_s`);
+        None without timestamps."""
         if self.finished_at is None or self.duration_s is None:
             return None
-        return self.finished_at - self.duration_s - float(self.extra.get("replay_s") or 0.0)
+        return self.finished_at - self.before_report_s
 
     @property
     def sim_checked(self) -> bool:
@@ -281,7 +287,7 @@ def aggregate(
         by_task.setdefault(rec.task, []).append(rec)
     for task in declared or {}:
         by_task.setdefault(task, [])
-    from pytest_hud.stats import wilson_interval  # numpy: imported once a summary is asked for, not at start-up
+    from pytest_hud.stats import wilson_interval  # numpy: imported when a summary is built, not at start-up
 
     out: dict[str, TaskSummary] = {}
     for task, recs in sorted(by_task.items()):

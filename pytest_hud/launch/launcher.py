@@ -188,8 +188,8 @@ class LocalLauncher:
             log = self._workdir() / f"{role}-standby.log"
             with open(log, "wb") as log_fh:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "pytest_hud.launch.standby", "--parent-pid", str(os.getpid()), module,
-                     *([preload] if preload else [])],
+                    [sys.executable, "-m", "pytest_hud.launch.standby", "--parent-pid", str(os.getpid()),
+                     module, *([preload] if preload else [])],
                     stdin=subprocess.PIPE, stdout=log_fh, stderr=log_fh, cwd=self.cwd, start_new_session=True)
             self._children.append(process)
             self._standby[role] = (module, process, log)

@@ -11,8 +11,8 @@ have started ``python -m MODULE`` with. It applies the environment (``PYTHONPATH
 process: what was imported ahead stays imported. End of stdin (the run ended without needing it,
 or the controller died) ends it. ``--parent-pid`` names the controller on the command line, as a
 launched service's own arguments do, so that tools (and the teardown drills) that look for a run's
-services by their command line find this one too. A failed preload only costs the time: the service imports what it
-needs itself and reports its own errors.
+services by their command line find this one too. A failed preload only costs the time: the
+service imports what it needs itself and reports its own errors.
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ def test_failed_episodes_videos_are_bit_identical_and_only_they_render_again(tmp
     assert renders == len(SEEDS) * (1 + STEPS // CHUNK) + len(failed) * (STEPS + 1)
     # where most episodes so far failed, the next one renders every step live instead: the same
     # videos, and the renders of whichever way each episode went
-    assert {s: r.total_reward for s, r in results_mixed.items()} == {s: r.total_reward for s, r in results.items()}
+    returns = {s: r.total_reward for s, r in results.items()}
+    assert {s: r.total_reward for s, r in results_mixed.items()} == returns
     assert sorted(mixed) == failed
     for seed in failed:
         assert [f.tobytes() for f in mixed[seed]] == [f.tobytes() for f in every[seed]]

@@ -65,6 +65,17 @@ def test_an_episode_whose_frames_were_all_rendered_needs_no_replay():
     assert [f["state"][0] for f in replayed_frames(episode, tape, 1, 1.0)] == [0, 1]
 
 
+def chunking_agent(*observers) -> Agent:
+    """An agent whose model plans 4-action chunks of zeros, with ``observers``."""
+    return Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
+                 observers=list(observers))
+
+
+def claimed(contract: Contract, seed: int | None = 3, token: str = "t") -> SimpleNamespace:
+    """An episode as the agent sees it once claimed: its token, seed and contract."""
+    return SimpleNamespace(token=token, seed=seed, contract=contract, prompt=None, grade_data={})
+
+
 class Replaying:
     replays = True
 
@@ -86,9 +97,8 @@ class Replaying:
 
 def test_a_replay_that_differs_warns_and_every_later_step_renders(monkeypatch):
     recorder = Replaying()
-    agent = Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
-                  observers=[recorder])
-    episode = SimpleNamespace(token="t", seed=3, contract=WITH_CAMERA, prompt=None, grade_data={})
+    agent = chunking_agent(recorder)
+    episode = claimed(WITH_CAMERA)
     loop = agent._start(episode, 2)
     assert loop.tape is not None and loop.observers == []  # the recorder waits for the replay
     loop.begin(frame(0))
@@ -104,14 +114,13 @@ def test_a_replay_that_differs_warns_and_every_later_step_renders(monkeypatch):
 
 def test_a_sim_without_cameras_keeps_no_tape_and_its_observers_see_every_step():
     recorder = Replaying()
-    agent = Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
-                  observers=[recorder])
-    state_only = SimpleNamespace(token="t", seed=3, contract=CONTRACT, prompt=None, grade_data={})
+    agent = chunking_agent(recorder)
+    state_only = claimed(CONTRACT)
     loop = agent._start(state_only, 2)
     assert loop.tape is None and loop.observers == [recorder]  # nothing to skip, nothing to replay
-    with_camera = SimpleNamespace(token="u", seed=3, contract=WITH_CAMERA, prompt=None, grade_data={})
+    with_camera = claimed(WITH_CAMERA, token="u")
     assert agent._start(with_camera, 2).tape is not None
-    unseeded = SimpleNamespace(token="v", seed=None, contract=WITH_CAMERA, prompt=None, grade_data={})
+    unseeded = claimed(WITH_CAMERA, seed=None, token="v")
     assert agent._start(unseeded, 2).tape is None  # a replay needs the seed the episode was claimed with
 
 
@@ -123,9 +132,8 @@ class VideosOfFailures(Replaying):
 def test_episodes_render_live_while_most_of_them_would_be_replayed_and_tape_again_when_few_are():
     # A replay runs the whole episode again with every frame: for a policy that fails nearly every
     # episode (with videos of failures) skipping frames and replaying costs more than rendering them.
-    agent = Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
-                  observers=[VideosOfFailures()])
-    episode = SimpleNamespace(token="t", seed=3, contract=WITH_CAMERA, prompt=None, grade_data={})
+    agent = chunking_agent(VideosOfFailures())
+    episode = claimed(WITH_CAMERA)
     failed, passed = SimpleNamespace(success=False), SimpleNamespace(success=True)
     assert agent._start(episode, 2).tape is not None  # nothing known yet: skip and replay
     agent._count(failed, None)
@@ -146,9 +154,8 @@ def test_a_replay_s_time_is_on_the_result_and_the_record_starts_before_it(monkey
     from pytest_hud.core.results import EpisodeRecord, EpisodeResult
 
     recorder = VideosOfFailures()
-    agent = Agent(SimpleNamespace(predict=lambda obs, prompt=None: np.zeros((4, 1), np.float32)),
-                  observers=[recorder])
-    episode = SimpleNamespace(token="t", seed=3, contract=WITH_CAMERA, prompt=None, grade_data={})
+    agent = chunking_agent(recorder)
+    episode = claimed(WITH_CAMERA)
     loop = agent._start(episode, 2)
     loop.begin(frame(0))
     loop.observe(frame(1))
@@ -158,7 +165,8 @@ def test_a_replay_s_time_is_on_the_result_and_the_record_starts_before_it(monkey
     result = EpisodeResult(success=False, score=0.0, total_reward=0.0, steps=1, duration_s=4.0)
     agent._replay(episode, loop, result, None)
     assert result.replay_s == 2.5 and recorder.starts == 1
-    record = EpisodeRecord(nodeid="t.py::test", task="t.py::test", episode="seed=3", outcome="failed", success=False)
+    record = EpisodeRecord(nodeid="t.py::test", task="t.py::test", episode="seed=3", outcome="failed",
+                           success=False)
     record.take_result(result)
     record.finished_at = 1000.0
     assert record.started_at == 1000.0 - 4.0 - 2.5  # the report came after the replay
