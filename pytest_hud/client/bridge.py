@@ -277,7 +277,8 @@ class SlotClient:
         try:
             self.metadata = read_frame(self._recv(connect_timeout), "metadata")
             self._send(claim_frame(token))
-            self.first_observation = read_frame(self._recv(connect_timeout), "first observation")
+            # the bridge resets (maybe builds) the slot's env before it answers: an observation's wait
+            self.first_observation = read_frame(self._recv(recv_timeout), "first observation")
         except BaseException:
             self.close()
             raise
@@ -356,7 +357,8 @@ class AsyncSlotClient:
         try:
             self.metadata = read_frame(await self._recv(connect_timeout), "metadata")
             await self._send(claim_frame(token))
-            self.first_observation = read_frame(await self._recv(connect_timeout), "first observation")
+            # the bridge resets (maybe builds) the slot's env before it answers: an observation's wait
+            self.first_observation = read_frame(await self._recv(recv_timeout), "first observation")
         except BaseException:
             await self.close()
             raise

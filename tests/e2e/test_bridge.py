@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from conftest import SIMKIT, first_obs, run_threads
+from conftest import SIMKIT, first_obs, run_threads, start_bridge, stop
 from pytest_hud.agent import Agent
 from pytest_hud.client.bridge import (
     AsyncControlClient, AsyncSlotClient, BridgeAddress, BridgeError, ControlClient, SlotClient,
@@ -298,3 +298,48 @@ def test_cartpole_with_discrete_actions_runs_an_episode(bridge):
     if free:  # the watchdog watched every step with one timer; the episode's end stopped it
         assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
         assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+SLOW_RESET = '''
+import time
+
+import gymnasium as gym
+
+
+class SlowReset(gym.Wrapper):
+    def reset(self, **kwargs):
+        time.sleep(1.5)  # a LIBERO env built for a new task on a busy machine: tens of seconds
+        return self.env.reset(**kwargs)
+
+
+def slow_reset():
+    return SlowReset(gym.make("CartPole-v1"))
+'''
+
+
+def test_a_first_observation_may_take_longer_than_connecting(tmp_path):
+    # The first observation comes after the slot's reset: it is bounded by the observation timeout,
+    # not by the connection's, in the blocking and the asyncio client alike.
+    from pytest_hud.client.bridge import AsyncSlotClient, ControlClient, SlotClient
+
+    (tmp_path / "slow_sims.py").write_text(SLOW_RESET)
+    proc, address = start_bridge(tmp_path, f"{tmp_path / 'slow_sims.py'}:slow_reset", 1, "--vectorization", "sync")
+    try:
+        with ControlClient(address) as control:
+            claim = control.claim(seed=1)
+            with SlotClient(address, claim.token, connect_timeout=0.5, recv_timeout=30) as ws:
+                assert ws.first_observation["state"].shape == (4,)
+            control.release(claim.token)
+
+            async def first() -> tuple:
+                claim = control.claim(seed=2)
+                client = await AsyncSlotClient.connect(address, claim.token, connect_timeout=0.5, recv_timeout=30)
+                try:
+                    return client.first_observation["state"].shape
+                finally:
+                    await client.close()
+                    control.release(claim.token)
+
+            assert asyncio.run(first()) == (4,)
+    finally:
+        stop(proc)
