@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         payload["ws_unix"] = server.ws_unix
     if sim.env_step_s is not None:
         payload["env_step_s"] = sim.env_step_s  # the pool weighs it against a round trip (--hud-inline)
+    # whether a worker could step such a sim itself, and whether it renders images (--hud-inline)
+    payload["cameras"] = len(sim.contract().cameras)
+    payload["slot_envs"] = bool(sim.supports_slot_reset and sim.isolates_slots)
     if sim.vectorization_note:
         payload["vectorization_note"] = sim.vectorization_note
         print(f"pytest-hud bridge: --vectorization {sim.vectorization_note}", file=sys.stderr, flush=True)

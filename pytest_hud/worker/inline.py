@@ -1,7 +1,8 @@
 """A sim run inside this worker (``--hud-inline``): the bridge's slot rules on one slot of its own.
 
-When one env-step costs less than a round trip to a shared bridge (CartPole, MountainCar, small
-state-only sims), a worker steps its own env: :class:`InlineBridge` is what :class:`ControlClient`
+When one env-step costs less than a round trip to a shared bridge (CartPole, MountainCar), or the
+sim renders no camera (Meta-World from state: see :mod:`pytest_hud.controller.inline`), a worker
+steps its own env: :class:`InlineBridge` is what :class:`ControlClient`
 and :class:`SlotClient` are to a bridge process, without a process or a socket. It builds the sim
 as a bridge's loader does (one slot) and runs the same :class:`~pytest_hud.bridge.engine.BridgeEngine`
 for claims, seeds, resets and grades; each step checks the action as the bridge does, steps the env
@@ -25,13 +26,14 @@ from pytest_hud.bridge.simcalls import explain, reset_and_observe
 from pytest_hud.bridge.slots import SlotState
 from pytest_hud.client.protocol import BridgeError, Claim, action_frame, read_frame
 from pytest_hud.core.contract import Contract, ContractError
-from pytest_hud.sim.base import info_success
+from pytest_hud.sim.base import GymSim, SlotFaults, info_success
 from pytest_hud.sim.target import load_sim
 from pytest_hud.wire.codec import packb, unpack_action
 
 __all__ = ["AsyncInlineSlot", "InlineBridge", "InlineSlot"]
 
 _OWNER = 0  # the one "control connection": this worker
+_ONE = np.ones(1, bool)  # the step mask of the one slot
 
 
 class InlineBridge:
@@ -131,7 +133,11 @@ class InlineSlot:
             frame = engine.start(self.slot, time.monotonic())
         except SlotFailure as failure:
             raise BridgeError(str(failure)) from None
-        self._env = sim.env.envs[0]  # the GymSim's one env, as this episode's reset left it
+        # a GymSim's one env, stepped here directly; any other sim (a MultiTaskSim) through its
+        # step_slots, as the bridge steps it
+        self._env = sim.env.envs[0] if isinstance(sim, GymSim) else None
+        self._hold = engine.tick_rules.hold_action
+        self._batch_shape = (1, *self._hold.shape)
         self.metadata = {"claim_required": True, "width": 1, "inline": True}
         self.first_observation = read_frame(packb(frame), "first observation")
 
@@ -160,9 +166,15 @@ class InlineSlot:
             raise BridgeError(str(engine.refuse_action(
                 slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})"))) from None
         try:
-            obs, reward, terminated, truncated, info = self._env.step(action)
-        except Exception:  # this episode fails; a fresh env serves the next, as a bridge rebuilds one
-            why = explain(traceback.format_exc())
+            if self._env is None:
+                reward, success, score, terminated, truncated = self._step_sim(action)
+            else:
+                obs, reward, terminated, truncated, info = self._env.step(action)
+                sim._write_row(0, obs)
+                success = bool(info) and info_success(info)
+                score = info.get("score") if info else None  # as GymSim reads an env's info
+        except Exception as exc:  # this episode fails; a fresh env serves the next, as a bridge rebuilds one
+            why = exc.faults[0] if isinstance(exc, SlotFaults) else explain(traceback.format_exc())
             failure = f"slot {slot.index}: sim raised during step: {why.splitlines()[-1]}\n{why}"
             slot.end(failure, None)
             try:
@@ -170,16 +182,13 @@ class InlineSlot:
             except Exception:  # noqa: BLE001 - no env to go on with: later claims hear why
                 engine.faults.mark_broken(traceback.format_exc())
             raise BridgeError(failure) from None
-        sim._write_row(0, obs)
         reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
         counts = engine.tick_rules
         counts.ticks += 1
         counts.env_steps += 1
         counts.slot_steps += 1
-        score = info.get("score") if info else None  # as GymSim reads an env's info
         done = terminated or truncated
-        slot.took_step(reward, bool(info) and info_success(info), None if score is None else float(score), done,
-                       terminated, truncated)
+        slot.took_step(reward, success, None if score is None else float(score), done, terminated, truncated)
         frame: dict[str, Any] = {}
         for key, rows in sim.observe().items():
             row = rows[0].copy()
@@ -188,6 +197,17 @@ class InlineSlot:
         frame["reward"] = np.float32(reward)
         frame["terminated"], frame["truncated"], frame["success"] = done, truncated, slot.success
         return frame
+
+    def _step_sim(self, action: Any) -> tuple[float, bool, float | None, bool, bool]:
+        """One step of a sim other than a GymSim, as the bridge steps a slot of it: the action
+        batch built as the bridge's ticks build it, :meth:`VectorSim.step_slots` on this one slot;
+        its reward, success, score (None: none given), terminated and truncated."""
+        actions = np.empty(self._batch_shape, self._hold.dtype)
+        actions[0] = action
+        batch = self.bridge.sim.step_slots(actions, _ONE)
+        score = None if batch.score is None else float(batch.score[0])
+        return (float(batch.rewards[0]), bool(batch.success[0]), score, bool(batch.terminated[0]),
+                bool(batch.truncated[0]))
 
     def close(self) -> None:
         pass

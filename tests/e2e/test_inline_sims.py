@@ -1,9 +1,10 @@
-"""Cheap sims run in the worker itself (``--hud-inline``): the same episodes as through a bridge.
+"""Cheap and camera-less sims run in the worker itself (``--hud-inline``): the same episodes as through a bridge.
 
 Real runs (pytester subprocesses, xdist workers, real bridges where they are used): ``auto`` picks
-the worker for an env whose step costs less than a round trip to the bridge (CartPole, Pendulum),
-keeps the shared bridge for one whose step costs more, and either way every seed's episode is the
-same, whatever the workers and the width.
+the worker for an env whose step costs less than a round trip to the bridge (CartPole, Pendulum)
+and for a sim that renders no camera (a multi-task sim with slow steps, as Meta-World from state),
+keeps the shared bridge for a sim with cameras whose step costs more, and either way every seed's
+episode is the same, whatever the workers and the width.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.timeout(300)
 SIMS = '''
 import time
 import gymnasium as gym
+import numpy as np
 
 class Success(gym.Wrapper):
     def step(self, action):
@@ -34,12 +36,43 @@ def pendulum(max_steps=30):
 
 class Slow(gym.Wrapper):
     """A step that costs far more than any round trip to a bridge."""
+    def __init__(self, env, delay=0.02):
+        super().__init__(env)
+        self.delay = delay
+
     def step(self, action):
-        time.sleep(0.02)
+        time.sleep(self.delay)
         return self.env.step(action)
 
-def slow_cartpole(max_steps=4):
-    return Success(Slow(gym.make("CartPole-v1", max_episode_steps=max_steps)))
+class Camera(gym.ObservationWrapper):
+    """The state and a small rgb image of it: a sim with a camera."""
+    def __init__(self, env):
+        super().__init__(env)
+        self.observation_space = gym.spaces.Dict({
+            "state": env.observation_space, "pixels": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)})
+
+    def observation(self, obs):
+        return {"state": obs, "pixels": np.full((8, 8, 3), int(abs(obs[0]) * 100) % 256, np.uint8)}
+
+def slow_camera(max_steps=4):
+    return Success(Camera(Slow(gym.make("CartPole-v1", max_episode_steps=max_steps))))
+
+class UpAtEnd(gym.Wrapper):
+    """Pendulum: success is the pole above horizontal when time runs out; the score its height."""
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        info["is_success"] = bool(truncated and obs[0] > 0)
+        info["score"] = float(obs[0])
+        return obs, reward, terminated, truncated, info
+
+def tasks(num_envs, delay=0.002):
+    """Two tasks (episode lengths) of a slow, camera-less Pendulum in a multi-task sim."""
+    from pytest_hud.sim import MultiTaskSim
+
+    def make(task):
+        steps = {"short": 12, "long": 25}[task]
+        return UpAtEnd(Slow(gym.make("Pendulum-v1", max_episode_steps=steps), delay))
+    return MultiTaskSim(num_envs, ["short", "long"], make)
 '''
 
 POLICIES = '''
@@ -48,6 +81,13 @@ import numpy as np
 def tilt():
     """Weak on purpose: episode lengths then depend on the seed."""
     return lambda obs: int(obs["state"][2] > 0)
+
+def tilt_camera():
+    """tilt, with an assertion that the camera's image arrived."""
+    def act(obs):
+        assert obs["pixels"].shape == (8, 8, 3)
+        return int(obs["state"][2] > 0)
+    return act
 
 def swing():
     return lambda obs: np.array([np.tanh(3.0 * obs["state"][1])], np.float32) * 2.0
@@ -77,7 +117,7 @@ SLOW = '''
 import json, os
 import pytest
 
-@pytest.mark.hud(sim="sims:slow_cartpole", policy="policies:tilt")
+@pytest.mark.hud(sim="sims:slow_camera", policy="policies:tilt_camera")
 @pytest.mark.parametrize("seed", range(2))
 def test_slow(shared_sim, robot_agent, seed):
     robot_agent.run(shared_sim.episode(seed=seed))
@@ -140,7 +180,7 @@ def test_the_same_episodes_run_in_the_worker_and_through_the_bridge_under_any_wo
         assert got == reference, name
 
 
-def test_auto_keeps_the_shared_bridge_for_a_sim_whose_step_costs_more_than_a_round_trip(project):
+def test_auto_keeps_the_shared_bridge_for_a_sim_with_a_camera_whose_step_costs_more_than_a_round_trip(project):
     project.makepyfile(test_slow=SLOW)
     result = run(project, "-n", "2", "--hud-width=2", "--hud-results=r.jsonl")
     assert result.ret in (0, 1), result.stdout.str()
@@ -149,6 +189,52 @@ def test_auto_keeps_the_shared_bridge_for_a_sim_whose_step_costs_more_than_a_rou
     assert len({pid for *_, pid in said}) == 1 and said[0][2]  # one bridge process served both workers
     assert "--hud-inline=auto" not in result.stdout.str()
     assert len(load_results(project.path / "r.jsonl").episodes) == 2
+
+
+MULTITASK = '''
+import json, os
+import pytest
+
+@pytest.mark.hud(sim="sims:tasks", policy="policies:swing")
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("task", ["short", "long"])
+def test_tasks(shared_sim, robot_agent, task, seed):
+    result = robot_agent.run(shared_sim.episode(seed=seed, task=task))
+    with open(f"where-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.txt", "a") as fh:
+        fh.write(json.dumps(["tasks", shared_sim.inline]) + "\\n")
+    assert result.success
+'''
+
+
+def test_a_camera_less_multi_task_sim_with_slow_steps_runs_in_the_workers_with_the_same_episodes(project):
+    """Its step (2 ms) costs more than a round trip, but with no image to render the workers' envs
+    step side by side where the bridge's would step one after another: auto runs them inline,
+    each worker with a multi-task sim of one slot, and every (task, seed) is the bridge's episode."""
+    project.makepyfile(test_tasks=MULTITASK)
+    runs = {
+        "bridge-n0": ["-p", "no:xdist", "--hud-inline=never"],
+        "bridge-n3w2": ["-n", "3", "--hud-width=2", "--hud-inline=never"],
+        "auto-n2": ["-n", "2"],
+    }
+    seen, ran_inline = {}, {}
+    for name, args in runs.items():
+        result = run(project, *args, f"--hud-results={name}.jsonl")
+        assert result.ret in (0, 1), result.stdout.str()
+        seen[name] = episodes(project.path / f"{name}.jsonl")
+        ran_inline[name] = {inline for _, inline in where(project)}
+        said = "note: sims:tasks: --hud-inline=auto: each worker steps its own env, since the sim renders no camera*"
+        if name.startswith("auto"):
+            result.stdout.fnmatch_lines([said])
+        else:
+            result.stdout.no_fnmatch_line(said)
+    assert ran_inline == {"bridge-n0": {False}, "bridge-n3w2": {False}, "auto-n2": {True}}
+    reference = seen["bridge-n0"]
+    assert len(reference) == 6
+    assert {steps for _, steps, *_ in reference.values()} == {12, 25}  # each claim ran its task's env
+    assert {outcome for outcome, *_ in reference.values()} == {"passed", "failed"}
+    assert all(score is not None for _, _, _, _, score, *_ in reference.values())
+    for name, got in seen.items():
+        assert got == reference, name
 
 
 def test_a_worker_that_cannot_build_the_sim_itself_errs_those_episodes_with_the_reason(project):
