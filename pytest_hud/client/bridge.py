@@ -58,6 +58,8 @@ class BridgeAddress:
     ws_unix: str | None = None  # the slot WebSocket on a Unix socket, used when it is on this host
     #: set by the pool when a worker should run this bridge's sim itself: why (``--hud-inline``)
     inline: str | None = None
+    #: ``inline`` because an earlier run found the sim camera-less: no bridge runs, the worker checks it
+    inline_known: bool = False
 
     @property
     def ws_url(self) -> str:
@@ -87,6 +89,7 @@ class BridgeAddress:
                 node=data.get("node"),
                 ws_unix=data.get("ws_unix"),
                 inline=data.get("inline"),
+                inline_known=bool(data.get("inline_known", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BridgeError(f"announce data lacks {exc}; expected control, ws and secret") from None
@@ -94,7 +97,7 @@ class BridgeAddress:
     def to_dict(self) -> dict[str, Any]:
         return {"control": self.control, "ws": self.ws, "secret": self.secret, "host": self.host,
                 "pid": self.pid, "width": self.width, "node": self.node, "ws_unix": self.ws_unix,
-                "inline": self.inline}
+                "inline": self.inline, "inline_known": self.inline_known}
 
 
 class ControlClient:

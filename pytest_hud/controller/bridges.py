@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_hud.client.bridge import BridgeAddress
-from pytest_hud.controller.inline import inline_choice
+from pytest_hud.controller.inline import KnownSims, inline_choice
 from pytest_hud.controller.services import PoolError, ServiceStarter
-from pytest_hud.launch.launcher import Service
+from pytest_hud.launch.launcher import LocalLauncher, Service
 
 __all__ = ["PoolError", "BridgeSpec", "Bridges", "BRIDGE_MODULE"]
 
@@ -71,9 +71,10 @@ class Bridges:
     start, which every worker uses."""
 
     def __init__(self, starter: ServiceStarter, spec: BridgeSpec, workers: int = 1,
-                 attach: BridgeAddress | None = None) -> None:
+                 attach: BridgeAddress | None = None, known: KnownSims | None = None) -> None:
         self.starter = starter
         self.spec = spec
+        self.known = known or KnownSims(None)  # what earlier runs found about their sims
         self.workers = max(1, workers)
         self.attach = attach
         self._lock = threading.Lock()  # guards the maps below
@@ -93,11 +94,22 @@ class Bridges:
         return max(0, min(width, self.workers - group * width))
 
     def bridge_for(self, target: str, build: dict[str, Any] | None, worker: int = 0,
-                   replace_pid: int | None = None) -> BridgeAddress:
-        """The address of the bridge this worker should use, starting or replacing it if needed."""
+                   replace_pid: int | None = None, refuse_inline: bool = False) -> BridgeAddress:
+        """The address of the bridge this worker should use, starting or replacing it if needed;
+        for a sim an earlier run found camera-less, none (the worker runs it: ``inline_known``)
+        unless the worker found a camera after all (``refuse_inline``)."""
         if self.attach is not None:
             return self.attach
         key = self._bridge_key(target, build, worker)
+        why = (f"{target}: --hud-inline=auto: each worker steps its own env, since the sim renders no camera "
+               f"(an earlier run's bridge found so: none is started for it now); --hud-inline=never "
+               "keeps the shared bridge")
+        if refuse_inline:
+            self.known.forget(key[:2])
+            self.notes.pop(why, None)
+        elif self._known_inline(key):
+            self.notes[why] = None
+            return BridgeAddress(control=0, ws=0, secret="", inline=why, inline_known=True)
         with self.starter.key_lock(key):
             current = self._bridges.get(key)
             if current is not None and replace_pid is not None and current.address.pid == replace_pid:
@@ -115,6 +127,14 @@ class Bridges:
     def _bridge_key(self, target: str, build: dict[str, Any] | None, worker: int) -> tuple[str, str, int]:
         return target, json.dumps(build or {}, sort_keys=True), self.group_of(worker)
 
+    def _known_inline(self, key: tuple[str, str, int]) -> bool:
+        """Whether ``auto`` would run this sim in the workers as an earlier run's bridge found it
+        (camera-less, separate envs), with no layout or remote placement asked for: then no bridge starts."""
+        spec = self.spec
+        return (key[:2] in self.known.earlier and spec.inline == "auto" and spec.vectorization == "auto"
+                and spec.tick == "auto" and not spec.io_thread and not spec.batched_policy
+                and isinstance(self.starter.launcher, LocalLauncher))
+
     def prestart_bridge(self, target: str, build: dict[str, Any] | None, worker: int = 0) -> bool:
         """Start the bridge :meth:`bridge_for` would give ``worker`` now, on a thread of its own, so
         that it boots while the workers still collect (xdist hands out the first test only once every
@@ -122,7 +142,8 @@ class Bridges:
         reaches the worker when it asks (:meth:`ServiceStarter.once`). Once per bridge; True if started."""
         key = self._bridge_key(target, build, worker)
         with self._lock:
-            if self.attach is not None or self.starter.closed or key in self._prestarts or self.spec.inline == "always":
+            if (self.attach is not None or self.starter.closed or key in self._prestarts or self.spec.inline == "always"
+                    or self._known_inline(key)):
                 return False
             self._prestarts.add(key)
 
@@ -140,8 +161,9 @@ class Bridges:
         Nothing starts for a run that attaches to a bridge or never starts one
         (``--hud-inline=always``). True if one started."""
         warm = getattr(self.starter.launcher, "warm", None)
-        if warm is None or self.attach is not None or self.starter.closed or self.spec.inline == "always":
-            return False
+        if (warm is None or self.attach is not None or self.starter.closed or self.spec.inline == "always"
+                or (self.known.last_bridges == 0 and bool(self.known.earlier))):
+            return False  # (the last run started no bridge: its sims ran in the workers)
         return bool(warm("bridge", BRIDGE_MODULE, f"{BRIDGE_MODULE}.__main__:preload"))
 
     # --------------------------------------------------------------- spawning
@@ -168,6 +190,7 @@ class Bridges:
             if note:
                 self.notes[f"{_label(key)}: --hud-vectorization={note}"] = None
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
+        self.known.learned(key[:2], service.announce)
         inline = inline_choice(spec, target, service.announce, address)
         if inline:
             self.notes[inline] = None

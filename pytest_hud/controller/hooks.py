@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_hud.controller.startup import StartupClock
+from pytest_hud.controller.inline import KnownSims
 from pytest_hud.controller.inputs import RunInputs
 from pytest_hud.controller.kept_reports import ReportLightener
 from pytest_hud.controller.progress import progress_record
@@ -85,8 +86,8 @@ class HudController:
             io_thread=settings.io_thread, policy_rename=settings.rename, cwd=invocation,
             python_path=[invocation, rootdir] + [p for p in sys.path if p and p.startswith(rootdir)],
         )
-        self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach,
-                            launcher=_launcher(settings, spec), policy_replicas=settings.policy_replicas)
+        self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach, launcher=_launcher(settings, spec),
+                            policy_replicas=settings.policy_replicas, known=KnownSims(getattr(config, "cache", None)))
         self.service_host = "127.0.0.1"
         self.service = PoolService(self.pool, self.secret, self.service_host,
                                    extra_methods={"declare": self._declare, "sequential": self._sequential,

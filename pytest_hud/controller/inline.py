@@ -18,15 +18,25 @@ Sims with cameras keep the shared bridge (it renders, skips renders and spreads 
 over processes), as does a sim a worker cannot run alone (one whose slots are not separate envs).
 The episodes are the same either way: a worker runs the bridge's own slot rules on one slot of its
 own (:mod:`pytest_hud.worker.inline`).
+
+A bridge is started only to learn what its sim is. Where pytest's cache is on (its default), the
+pool remembers the sims it found camera-less (:class:`KnownSims`), and on the next run it starts
+no bridge for them: the workers build the sim at once and check it themselves, and a worker that
+finds a camera after all (the factory changed) asks for the bridge, which decides as above.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from pytest_hud.client.bridge import BridgeAddress, BridgeError, ControlClient
 
-__all__ = ["inline_choice", "inline_wins"]
+__all__ = ["KnownSims", "inline_choice", "inline_wins"]
+
+#: pytest's cache entry (``.pytest_cache/v/hud/sims``): the camera-less sims, and how many bridges the
+#: last run started
+CACHE_KEY = "hud/sims"
 
 
 def inline_wins(env_step_s: float, round_trip_s: float) -> bool:
@@ -68,3 +78,39 @@ def inline_choice(spec: Any, target: str, announce: dict[str, Any], address: Bri
         return (f"{target}: --hud-inline=auto: each worker steps its own env, since the sim renders no "
                 f"camera: the workers' envs step side by side, without a round trip per step" + never)
     return None
+
+
+class KnownSims:
+    """What earlier runs in this project found about their sims, in pytest's cache (``cache``:
+    ``config.cache``, None when the cache provider is off): which (target, build) render no camera
+    and are made of separate envs (``earlier``), and how many bridges the last run started (none:
+    no standby bridge either). Only a start-up shortcut: a worker checks the sim it builds (see the
+    module). What this run's bridges find is saved for the next run."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        saved = (cache.get(CACHE_KEY, None) if cache is not None else None) or {}
+        self.earlier = {tuple(k) for k in saved.get("camera_less", ()) if isinstance(k, list) and len(k) == 2}
+        self.last_bridges = saved.get("bridges")
+        self._found: dict[tuple[str, str], bool] = {}  # this run's bridges: camera-less or not
+        self.bridges = 0  # started by this run
+        self._lock = threading.Lock()
+
+    def learned(self, key: tuple[str, str], announce: dict[str, Any]) -> None:
+        """What a bridge said of its sim once built (``key``: target and build args as JSON)."""
+        with self._lock:
+            self.bridges += 1
+            self._found[key] = announce.get("cameras") == 0 and bool(announce.get("slot_envs"))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """A worker found a camera, or could not run it alone: the bridge decides again."""
+        with self._lock:
+            self.earlier.discard(key)
+
+    def save(self) -> None:
+        if self.cache is None:
+            return
+        with self._lock:
+            camera_less = (self.earlier - set(self._found)) | {k for k, yes in self._found.items() if yes}
+            data = {"camera_less": sorted(list(k) for k in camera_less), "bridges": self.bridges}
+        self.cache.set(CACHE_KEY, data)

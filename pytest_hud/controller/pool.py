@@ -20,6 +20,7 @@ from typing import Any
 
 from pytest_hud.client.bridge import BridgeAddress
 from pytest_hud.controller.bridges import Bridges, BridgeSpec
+from pytest_hud.controller.inline import KnownSims
 from pytest_hud.controller.policy_servers import PolicyServers
 from pytest_hud.controller.services import SECRET_ENV, PoolError, ServiceStarter
 from pytest_hud.launch.launcher import Launcher
@@ -32,12 +33,12 @@ class SimPool:
 
     def __init__(self, secret: str, spec: BridgeSpec, workers: int = 1,
                  attach: BridgeAddress | None = None, launcher: Launcher | None = None,
-                 policy_replicas: int = 1) -> None:
+                 policy_replicas: int = 1, known: KnownSims | None = None) -> None:
         self.secret = secret
         self.spec = spec
         self.starter = ServiceStarter(secret, host=spec.host, cwd=spec.cwd, python_path=spec.python_path,
                                       boot_timeout=spec.boot_timeout, launcher=launcher)
-        self.bridge_set = Bridges(self.starter, spec, workers, attach)
+        self.bridge_set = Bridges(self.starter, spec, workers, attach, known)
         self.server_set = PolicyServers(self.starter, spec, attach, policy_replicas)
 
     @property
@@ -69,9 +70,9 @@ class SimPool:
 
     # ---------------------------------------------------------------- bridges
     def bridge_for(self, target: str, build: dict[str, Any] | None, worker: int = 0,
-                   replace_pid: int | None = None) -> BridgeAddress:
+                   replace_pid: int | None = None, refuse_inline: bool = False) -> BridgeAddress:
         """The address of the bridge this worker should use, starting or replacing it if needed."""
-        return self.bridge_set.bridge_for(target, build, worker, replace_pid)
+        return self.bridge_set.bridge_for(target, build, worker, replace_pid, refuse_inline)
 
     def prestart_bridge(self, target: str, build: dict[str, Any] | None, worker: int = 0) -> bool:
         """Start the bridge :meth:`bridge_for` would give ``worker`` now, on a thread of its own."""
@@ -112,5 +113,6 @@ class SimPool:
     def stop_all(self, timeout: float = 5.0) -> None:
         """Stop every service this run started (all at once) and remove the work dir with its secrets."""
         self.bridge_set.forget()
+        self.bridge_set.known.save()
         self.server_set.forget()
         self.starter.close(timeout)

@@ -64,11 +64,12 @@ class PoolService:
         return handler
 
     async def _bridge(self, conn: Any, target: str, build: dict | None = None, worker: int = 0,
-                      replace_pid: int | None = None, python_path: list[str] = ()) -> dict[str, Any]:
+                      replace_pid: int | None = None, python_path: list[str] = (),
+                      refuse_inline: bool = False) -> dict[str, Any]:
         self.pool.add_python_path(python_path)
         try:
             address = await asyncio.get_running_loop().run_in_executor(
-                None, self.pool.bridge_for, target, build, worker, replace_pid
+                None, self.pool.bridge_for, target, build, worker, replace_pid, refuse_inline
             )
         except PoolError as exc:
             raise RpcError(str(exc)) from None

@@ -61,8 +61,10 @@ OPTIONS: dict[str, Option] = {
                             "block of slots) or threads (one thread per core; only for envs safe on threads, "
                             "see --check-threads)", ("auto", "sync", "async", "processes", "threads")),
     "inline": Option(str, "auto", "Where a sim's envs run: auto (in each worker itself when one env-step costs "
-                     "less than a round trip to a bridge, both measured when its bridge starts; else in the "
-                     "shared bridge; an explicit --hud-vectorization, --hud-tick or --hud-io-thread keeps the bridge), always (in each worker, never a bridge) or never (always the shared bridge)",
+                     "less than a round trip to a bridge, both measured when its bridge starts, or when the sim "
+                     "renders no camera; else in the shared bridge; an explicit --hud-vectorization, --hud-tick "
+                     "or --hud-io-thread keeps the bridge), always (in each worker, never a bridge) or never "
+                     "(always the shared bridge)",
                      ("auto", "always", "never")),
     "tick": Option(str, "auto", "How bridges step their slots: lockstep (when every episode has acted), ready "
                    "(the slots whose actions are in; independent envs only), lanes (each env process in "

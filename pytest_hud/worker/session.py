@@ -254,17 +254,22 @@ class SharedSim:
         self.inline = False  # this worker steps the sim's env itself (--hud-inline)
         self._connect()
 
-    def _connect(self, replace_pid: int | None = None) -> None:
+    def _connect(self, replace_pid: int | None = None, refuse_inline: bool = False) -> None:
         if self.session.settings.inline == "always":
             self._run_inline()
             return
         try:
             reply = self.session.pool_call("bridge", target=self.target, build=self.build,
                                            worker=self.session.worker, replace_pid=replace_pid,
-                                           python_path=self.session.project_paths())
+                                           python_path=self.session.project_paths(), refuse_inline=refuse_inline)
         except RpcError as exc:
             raise EpisodeError(f"no bridge for sim {self.target!r}: {exc.message}") from None
         self.address = BridgeAddress.from_dict(reply)
+        if self.address.inline_known:  # an earlier run found it camera-less: no bridge runs, so check
+            if self._known_inline_holds():
+                return
+            self._connect(replace_pid, refuse_inline=True)  # a camera after all: the bridge decides
+            return
         if self.address.inline:  # the pool measured: one env-step costs less than a round trip
             self._run_inline()
             return
@@ -285,6 +290,20 @@ class SharedSim:
             raise EpisodeError(f"cannot build sim {self.target!r} in this worker: {type(exc).__name__}: {exc}") from exc
         self._contract = self._control.contract()
         self.inline = True
+
+    def _known_inline_holds(self) -> bool:
+        """Run the sim here as an earlier run found it (camera-less, separate envs) if it still is."""
+        from pytest_hud.worker.inline import InlineBridge
+
+        try:
+            inline = InlineBridge(self.target, self.build)
+        except Exception:  # noqa: BLE001 - it cannot run here alone (any more): a bridge says why, or runs it
+            return False
+        if inline.contract().cameras:
+            inline.close()
+            return False
+        self._control, self._contract, self.inline = inline, inline.contract(), True
+        return True
 
     @property
     def control(self) -> ControlClient | InlineBridge:

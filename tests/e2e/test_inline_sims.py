@@ -237,6 +237,43 @@ def test_a_camera_less_multi_task_sim_with_slow_steps_runs_in_the_workers_with_t
         assert got == reference, name
 
 
+def test_a_sim_found_camera_less_starts_no_bridge_on_the_next_run_until_it_has_a_camera(project):
+    """pytest's cache keeps what a bridge found (camera-less, separate envs): the next run starts no
+    bridge for that sim and runs the same episodes in the workers; once the factory renders a camera,
+    the workers that find it ask for the bridge, which keeps it, and the cache forgets it."""
+    project.makepyfile(test_tasks=MULTITASK)
+
+    def cached(name: str) -> tuple[pytest.RunResult, dict]:
+        result = project.runpytest_subprocess("-n", "2", "--hud-width=2", f"--hud-results={name}.jsonl", timeout=240)
+        assert result.ret in (0, 1), result.stdout.str()
+        where(project)
+        return result, episodes(project.path / f"{name}.jsonl")
+
+    first, reference = cached("first")
+    first.stdout.fnmatch_lines(["note: sims:tasks: --hud-inline=auto: *since the sim renders no camera: *",
+                                "startup *bridge for 'sims:tasks'*"])
+    saved = json.loads((project.path / ".pytest_cache" / "v" / "hud" / "sims").read_text())
+    assert saved == {"camera_less": [["sims:tasks", "{}"]], "bridges": 1}
+
+    second, again = cached("second")
+    second.stdout.fnmatch_lines(["note: sims:tasks: --hud-inline=auto: *since the sim renders no camera (an earlier "
+                                 "run's bridge found so: none is started for it now)*"])
+    assert "bridge for" not in second.stdout.str()
+    assert again == reference and len(reference) == 6
+
+    sims = project.path / "sims.py"  # now the sim renders a camera: the workers find it and ask for the bridge
+    sims.write_text(sims.read_text().replace(
+        'return UpAtEnd(Slow(gym.make("Pendulum-v1", max_episode_steps=steps), delay))',
+        'return Camera(UpAtEnd(Slow(gym.make("Pendulum-v1", max_episode_steps=steps), delay)))'))
+    third, with_camera = cached("third")
+    third.stdout.fnmatch_lines(["startup *bridge for 'sims:tasks'*"])
+    assert "--hud-inline=auto" not in third.stdout.str()
+    assert {key: (outcome, steps) for key, (outcome, steps, *_) in with_camera.items()} == \
+        {key: (outcome, steps) for key, (outcome, steps, *_) in reference.items()}
+    saved = json.loads((project.path / ".pytest_cache" / "v" / "hud" / "sims").read_text())
+    assert saved == {"camera_less": [], "bridges": 1}
+
+
 def test_a_worker_that_cannot_build_the_sim_itself_errs_those_episodes_with_the_reason(project):
     project.makepyfile(test_both=TESTS.replace('sim="sims:pendulum"', 'sim="sims:no_such_factory"'))
     result = run(project, "-n", "2", "--hud-inline=always", "--hud-results=r.jsonl")
