@@ -125,12 +125,12 @@ def main() -> None:
             (tmp / "naive" / f"test_{suite}_naive.py").write_text(naive_src.format(**fill))
             base = [sys.executable, "-m", "pytest", "-q", "-n", workers]
             hud, naive, notes = [], [], set()
-            for _ in range(args.repeats):
+            for _ in range(args.repeats):  # the naive side first: both find the same warm disk cache
+                naive.append(timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp / "naive")[0])
                 wall, out = timed(base + [f"--hud-width={workers}", f"--hud-results={tmp / 'r.jsonl'}",
                                           str(tmp / "hud")], tmp / "hud")
                 hud.append(wall)
                 notes.update(re.findall(r"--hud-inline=auto: (each worker steps its own env)", out))
-                naive.append(timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp / "naive")[0])
         where = "envs in the workers (inline)" if notes else "shared bridge"
         rows.append((f"{suite} -n {workers}", min(naive), min(hud), where))
         print(f"  {rows[-1][0]:<16} naive {min(naive):6.2f} s  pytest-hud {min(hud):6.2f} s  "

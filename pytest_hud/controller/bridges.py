@@ -17,12 +17,14 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_hud.client.bridge import BridgeAddress
 from pytest_hud.controller.inline import KnownSims, inline_choice
 from pytest_hud.controller.services import PoolError, ServiceStarter
 from pytest_hud.launch.launcher import LocalLauncher, Service
+
+if TYPE_CHECKING:
+    from pytest_hud.client.bridge import BridgeAddress
 
 __all__ = ["PoolError", "BridgeSpec", "Bridges", "BRIDGE_MODULE"]
 
@@ -98,6 +100,8 @@ class Bridges:
         """The address of the bridge this worker should use, starting or replacing it if needed;
         for a sim an earlier run found camera-less, none (the worker runs it: ``inline_known``)
         unless the worker found a camera after all (``refuse_inline``)."""
+        from pytest_hud.client.bridge import BridgeAddress  # (the client stack: once a worker asks)
+
         if self.attach is not None:
             return self.attach
         key = self._bridge_key(target, build, worker)
@@ -189,6 +193,8 @@ class Bridges:
             note = service.announce.get(field_)
             if note:
                 self.notes[f"{_label(key)}: --hud-vectorization={note}"] = None
+        from pytest_hud.client.bridge import BridgeAddress
+
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
         self.known.learned(key[:2], service.announce)
         inline = inline_choice(spec, target, service.announce, address)

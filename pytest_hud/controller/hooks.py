@@ -48,7 +48,6 @@ class HudController:
 
     def __init__(self, config: pytest.Config, settings: HudSettings, inputs: RunInputs,
                  secret: str | None = None) -> None:
-        from pytest_hud.client.bridge import BridgeAddress
         from pytest_hud.controller.pool import BridgeSpec, SimPool
         from pytest_hud.controller.pool_service import PoolService
 
@@ -76,7 +75,7 @@ class HudController:
         self._writer_lock = threading.Lock()
         rootdir = str(config.rootpath)
         invocation = str(config.invocation_params.dir)
-        attach = BridgeAddress.from_announce(settings.sim_url) if settings.sim_url else None
+        attach = _attached(settings.sim_url) if settings.sim_url else None
         timeouts = settings.timeouts
         spec = BridgeSpec(
             width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
@@ -479,6 +478,12 @@ class HudController:
             self.writer.close()
         if self._spool is not None:
             self._spool.cleanup()
+
+
+def _attached(announce: str) -> Any:
+    from pytest_hud.client.bridge import BridgeAddress  # (the client stack and numpy: only for a bridge run apart)
+
+    return BridgeAddress.from_announce(announce)
 
 
 def _launcher(settings: HudSettings, spec: Any) -> Any:

@@ -28,9 +28,10 @@ finds a camera after all (the factory changed) asks for the bridge, which decide
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_hud.client.bridge import BridgeAddress, BridgeError, ControlClient
+if TYPE_CHECKING:
+    from pytest_hud.client.bridge import BridgeAddress
 
 __all__ = ["KnownSims", "inline_choice", "inline_wins"]
 
@@ -65,6 +66,8 @@ def inline_choice(spec: Any, target: str, announce: dict[str, Any], address: Bri
     never = "; --hud-inline=never keeps the shared bridge"
     step_s = announce.get("env_step_s")
     if step_s is not None:
+        from pytest_hud.client.bridge import BridgeError, ControlClient
+
         try:
             with ControlClient(address, timeout=10.0) as control:
                 round_trip_s = control.round_trip_s()

@@ -65,10 +65,8 @@ def load_inputs(settings: HudSettings, here: Path, *, video_explicit: bool = Fal
 
 def _check_environment(settings: HudSettings, here: Path, video_explicit: bool,
                        test_dirs: Sequence[Path] = ()) -> HudSettings:
-    from pytest_hud.sim.target import TargetError, describe_target
-
     if settings.video != "none":
-        from pytest_hud.recording.video import video_available
+        from pytest_hud.recording import video_available
 
         if not video_available():
             if video_explicit:
@@ -86,6 +84,8 @@ def _check_environment(settings: HudSettings, here: Path, video_explicit: bool,
         except FileExistsError as exc:
             raise SettingsError(f"--hud-record: {exc}") from None
     if settings.sim:
+        from pytest_hud.sim.target import TargetError, describe_target  # (numpy: only for a sim named here)
+
         try:
             with _beside_tests(test_dirs):
                 describe_target(settings.sim)

@@ -20,12 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from pytest_hud.gate import (
-    COMPARED, GateConfig, Verdict, evaluate_gate, outcomes_from_records, outcomes_from_results,
-)
+from pytest_hud.gate import COMPARED, GateConfig, Verdict, outcomes_from_records, outcomes_from_results
 from pytest_hud.controller.progress import Progress
 from pytest_hud.core.results import EpisodeRecord, Results, TaskSummary, aggregate, to_builtin
-from pytest_hud.stats import wilson_interval
 
 __all__ = ["Ledger"]
 
@@ -76,6 +73,8 @@ class _Tally:
                                                                                          rec.finished_at)
 
     def summary(self, task: str, declared: int, wall_s: float | None) -> TaskSummary:
+        from pytest_hud.stats import wilson_interval  # numpy: once the first summary is built, not at start-up
+
         low, high = wilson_interval(self.successes, self.n)
         if self.stamped and self.stamped == self.ran:
             busy = self.last_finish - self.first_start
@@ -357,6 +356,8 @@ class Ledger:
         """Verdicts per task (None when no baseline, gate file or floor is configured)."""
         if not self.gated:
             return None
+        from pytest_hud.gate import evaluate_gate  # the statistics, with numpy: only where there is a gate
+
         current = outcomes_from_records(self.records.values(), episodes=self.declared_ids(),
                                         deselected=self.deselected_ids())
         base = outcomes_from_results(self.baseline, as_baseline=True) if self.baseline is not None else None

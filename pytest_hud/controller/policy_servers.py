@@ -13,12 +13,14 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_hud.client.bridge import BridgeAddress
 from pytest_hud.controller.bridges import BridgeSpec
 from pytest_hud.controller.services import ServiceStarter
 from pytest_hud.launch.launcher import ExitedWhileStarting, LaunchError, LocalLauncher, Service
+
+if TYPE_CHECKING:
+    from pytest_hud.client.bridge import BridgeAddress
 
 __all__ = ["PolicyServers", "SERVER_MODULE"]
 

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_hud.client.bridge import BridgeAddress
 from pytest_hud.controller.bridges import Bridges, BridgeSpec
 from pytest_hud.controller.inline import KnownSims
 from pytest_hud.controller.policy_servers import PolicyServers
 from pytest_hud.controller.services import SECRET_ENV, PoolError, ServiceStarter
 from pytest_hud.launch.launcher import Launcher
+
+if TYPE_CHECKING:
+    from pytest_hud.client.bridge import BridgeAddress
 
 __all__ = ["PoolError", "BridgeSpec", "SECRET_ENV", "SimPool"]
 

@@ -44,7 +44,6 @@ never record do not pay for it; :func:`video_available` says whether it can be i
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import threading
 from collections import deque
@@ -56,6 +55,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from pytest_hud.recording import video_available
 from pytest_hud.recording.recorder import ArtefactNames, safe_name
 
 __all__ = ["VideoMode", "VideoRecorder", "encode_mp4", "video_available"]
@@ -63,11 +63,6 @@ __all__ = ["VideoMode", "VideoRecorder", "encode_mp4", "video_available"]
 VideoMode = Literal["failed", "all", "none"]
 VIDEO_MODES: tuple[str, ...] = ("failed", "all", "none")
 DEFAULT_FPS = 30.0
-
-
-def video_available() -> bool:
-    """True when PyAV can be imported (without importing it)."""
-    return importlib.util.find_spec("av") is not None
 
 
 def _import_av() -> None:

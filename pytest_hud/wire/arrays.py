@@ -26,6 +26,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from pytest_hud.wire.jsonrpc import MAX_FRAME_BYTES
+
 __all__ = [
     "MAX_FRAME_BYTES",
     "NotAMapError",
@@ -36,8 +38,6 @@ __all__ = [
     "unpackb",
 ]
 
-#: Largest frame either side accepts (WebSocket message or control-channel line).
-MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 _REFUSED_KINDS = {"O": "object", "V": "void (structured)", "c": "complex"}
 

@@ -20,6 +20,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+#: Largest frame either side accepts (WebSocket message or control-channel line).
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
 __all__ = [
     "RpcError",
     "InvalidRequest",

@@ -20,10 +20,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pytest_hud.wire.jsonrpc import (
-    APP_ERROR, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-    UNAUTHORIZED, InvalidRequest, RpcClientProtocol, RpcError, encode_error, encode_result, parse_request,
+    APP_ERROR, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, MAX_FRAME_BYTES, METHOD_NOT_FOUND,
+    PARSE_ERROR, UNAUTHORIZED, InvalidRequest, RpcClientProtocol, RpcError, encode_error, encode_result, parse_request,
 )
-from pytest_hud.wire.codec import MAX_FRAME_BYTES
 
 __all__ = [
     "RpcError",
