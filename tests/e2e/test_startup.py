@@ -100,3 +100,28 @@ def test_a_run_that_starts_no_bridge_warms_none(spec):
         assert not pool.warm_bridge()
     finally:
         pool.stop_all()
+
+
+LIGHT = '''
+import os, sys
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """Before xdist starts its workers: what the controller has imported so far."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        heavy = sorted(m for m in ("numpy", "websockets", "gymnasium") if m in sys.modules)
+        with open("controller-imports.txt", "w") as fh:
+            fh.write(",".join(heavy))
+'''
+
+
+def test_the_controller_starts_the_workers_before_it_imports_numpy_or_the_websocket_stack(pytester):
+    """The controller's start-up is on every run's critical path (xdist starts its workers after
+    it): it reads its settings and gate without numpy, the bridge client or a sim."""
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.makeconftest(LIGHT)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-results=r.jsonl",
+                                           "--hud-max-drop=0.1", timeout=200)
+    result.assert_outcomes(passed=4)
+    assert (pytester.path / "controller-imports.txt").read_text() == ""
