@@ -342,12 +342,12 @@ class HudController:
         self._progress()
 
     def _progress(self) -> None:
-        """Every few seconds, one line: episodes done of the total, rate, time left, and each task's
-        running success with its interval (:mod:`~pytest_hud.controller.progress`); the same line
-        goes into the results file as a ``progress`` record, for tools that tail it."""
-        interval = self.settings.progress_interval or 0
-        now = time.monotonic()
-        if interval <= 0 or now - self._last_progress < interval:
+        """Every few seconds and at the last declared episode, one line: episodes done of the total,
+        rate, time left, each task's running success with its interval (:mod:`.progress`); the same
+        line goes into the results file as a ``progress`` record, for tools that tail it."""
+        interval, now = self.settings.progress_interval or 0, time.monotonic()
+        last = self.ledger.reported == len(self.ledger.declared) > 0
+        if interval <= 0 or (now - self._last_progress < interval and not last):
             return
         self._last_progress = now
         with self._lock:

@@ -103,13 +103,13 @@ def test_a_run_that_starts_no_bridge_warms_none(spec):
 
 
 LIGHT = '''
-import os, sys
+import sys
 import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
     """Before xdist starts its workers: what the controller has imported so far."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not hasattr(session.config, "workerinput"):  # (this run may itself run in an xdist worker)
         heavy = sorted(m for m in ("numpy", "websockets", "gymnasium") if m in sys.modules)
         with open("controller-imports.txt", "w") as fh:
             fh.write(",".join(heavy))
