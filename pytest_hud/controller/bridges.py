@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_hud.controller.inline import KnownSims, inline_choice
+from pytest_hud.controller.inline import KnownSims, auto_decides, inline_choice
 from pytest_hud.controller.services import PoolError, ServiceStarter
 from pytest_hud.launch.launcher import LocalLauncher, Service
 
@@ -134,9 +134,7 @@ class Bridges:
     def _known_inline(self, key: tuple[str, str, int]) -> bool:
         """Whether ``auto`` would run this sim in the workers as an earlier run's bridge found it
         (camera-less, separate envs), with no layout or remote placement asked for: then no bridge starts."""
-        spec = self.spec
-        return (key[:2] in self.known.earlier and spec.inline == "auto" and spec.vectorization == "auto"
-                and spec.tick == "auto" and not spec.io_thread and not spec.batched_policy
+        return (key[:2] in self.known.earlier and auto_decides(self.spec) and not self.spec.batched_policy
                 and isinstance(self.starter.launcher, LocalLauncher))
 
     def prestart_bridge(self, target: str, build: dict[str, Any] | None, worker: int = 0) -> bool:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pytest_hud.client.bridge import BridgeAddress
 
-__all__ = ["KnownSims", "inline_choice", "inline_wins"]
+__all__ = ["KnownSims", "auto_decides", "camera_less", "inline_choice", "inline_wins"]
 
 #: pytest's cache entry (``.pytest_cache/v/hud/sims``): the camera-less sims, and how many bridges the
 #: last run started
@@ -49,19 +49,29 @@ def inline_wins(env_step_s: float, round_trip_s: float) -> bool:
     return env_step_s < round_trip_s
 
 
+def auto_decides(spec: Any) -> bool:
+    """Whether ``--hud-inline=auto`` may run a sim in the workers: the bridge's layout is left to
+    ``auto`` too (an explicit ``--hud-vectorization``, ``--hud-tick`` or ``--hud-io-thread`` asks for
+    a bridge; ``always`` never starts one, ``never`` keeps it)."""
+    return (spec.inline == "auto" and spec.vectorization == "auto" and spec.tick == "auto"
+            and not spec.io_thread)
+
+
+def camera_less(announce: dict[str, Any]) -> bool:
+    """Whether a bridge's sim renders no camera and is made of separate envs, as it announced."""
+    return announce.get("cameras") == 0 and bool(announce.get("slot_envs"))
+
+
 def inline_choice(spec: Any, target: str, announce: dict[str, Any], address: BridgeAddress) -> str | None:
     """Why the workers run ``target``'s env themselves, or None to keep the shared bridge
     (``spec``: the pool's :class:`~pytest_hud.controller.bridges.BridgeSpec`; ``announce``: what
     the bridge said of its sim once built).
 
-    Only ``--hud-inline=auto`` decides, and only where the bridge's layout is left to ``auto`` too:
-    an explicit ``--hud-vectorization``, ``--hud-tick`` or ``--hud-io-thread`` asks for a bridge
-    (``always`` never starts one, ``never`` keeps it). A bridge elsewhere (``node``: placed on
+    Only ``--hud-inline=auto`` decides (:func:`auto_decides`). A bridge elsewhere (``node``: placed on
     another machine) is kept, as is a sim whose slots are not separate envs, and one with cameras
     whose env-step costs more than a round trip. A camera-less sim keeps it too where a batching
     policy server answers (the bridge starts its slots' episodes together for the server's batches)."""
-    if (spec.inline != "auto" or spec.vectorization != "auto" or spec.tick != "auto" or spec.io_thread
-            or address.node is not None or not announce.get("slot_envs")):
+    if not auto_decides(spec) or address.node is not None or not announce.get("slot_envs"):
         return None
     never = "; --hud-inline=never keeps the shared bridge"
     step_s = announce.get("env_step_s")
@@ -77,7 +87,7 @@ def inline_choice(spec: Any, target: str, announce: dict[str, Any], address: Bri
             return (f"{target}: --hud-inline=auto: each worker steps its own env, since one env-step "
                     f"({float(step_s) * 1e6:.0f} µs) costs less than a round trip to the bridge "
                     f"({round_trip_s * 1e6:.0f} µs)" + never)
-    if announce.get("cameras") == 0 and not spec.batched_policy:
+    if camera_less(announce) and not spec.batched_policy:
         return (f"{target}: --hud-inline=auto: each worker steps its own env, since the sim renders no "
                 f"camera: the workers' envs step side by side, without a round trip per step" + never)
     return None
@@ -92,7 +102,8 @@ class KnownSims:
 
     def __init__(self, cache: Any) -> None:
         self.cache = cache
-        saved = (cache.get(CACHE_KEY, None) if cache is not None else None) or {}
+        saved = cache.get(CACHE_KEY, None) if cache is not None else None
+        saved = saved if isinstance(saved, dict) else {}  # (none yet, or not what this version writes)
         self.earlier = {tuple(k) for k in saved.get("camera_less", ()) if isinstance(k, list) and len(k) == 2}
         self.last_bridges = saved.get("bridges")
         self._found: dict[tuple[str, str], bool] = {}  # this run's bridges: camera-less or not
@@ -103,7 +114,7 @@ class KnownSims:
         """What a bridge said of its sim once built (``key``: target and build args as JSON)."""
         with self._lock:
             self.bridges += 1
-            self._found[key] = announce.get("cameras") == 0 and bool(announce.get("slot_envs"))
+            self._found[key] = camera_less(announce)
 
     def forget(self, key: tuple[str, str]) -> None:
         """A worker found a camera, or could not run it alone: the bridge decides again."""

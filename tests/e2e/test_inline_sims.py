@@ -152,6 +152,18 @@ def episodes(path) -> dict:
             for r in load_results(path).episodes}
 
 
+def run_each(project, runs: dict) -> tuple[dict, dict, dict]:
+    """Each named run (its pytest arguments): its episodes, whether its workers ran the sim
+    themselves, and its result."""
+    seen, ran_inline, results = {}, {}, {}
+    for name, args in runs.items():
+        result = results[name] = run(project, *args, f"--hud-results={name}.jsonl")
+        assert result.ret in (0, 1), result.stdout.str()
+        seen[name] = episodes(project.path / f"{name}.jsonl")
+        ran_inline[name] = {inline for _, inline in where(project)}
+    return seen, ran_inline, results
+
+
 def test_the_same_episodes_run_in_the_worker_and_through_the_bridge_under_any_workers_and_width(project):
     project.makepyfile(test_both=TESTS)
     runs = {
@@ -161,12 +173,8 @@ def test_the_same_episodes_run_in_the_worker_and_through_the_bridge_under_any_wo
         "auto-n0": ["-p", "no:xdist"],
         "always-n3w3": ["-n", "3", "--hud-width=3", "--hud-inline=always"],
     }
-    seen, ran_inline = {}, {}
-    for name, args in runs.items():
-        result = run(project, *args, f"--hud-results={name}.jsonl")
-        assert result.ret in (0, 1), result.stdout.str()
-        seen[name] = episodes(project.path / f"{name}.jsonl")
-        ran_inline[name] = {inline for _, inline in where(project)}
+    seen, ran_inline, results = run_each(project, runs)
+    for name, result in results.items():
         if name.startswith("auto"):  # the choice is said, with what it measured
             result.stdout.fnmatch_lines(["note: sims:cartpole: --hud-inline=auto: each worker steps its own env, "
                                          "since one env-step (* µs) costs less than a round trip to the bridge*"])
@@ -216,12 +224,8 @@ def test_a_camera_less_multi_task_sim_with_slow_steps_runs_in_the_workers_with_t
         "bridge-n3w2": ["-n", "3", "--hud-width=2", "--hud-inline=never"],
         "auto-n2": ["-n", "2"],
     }
-    seen, ran_inline = {}, {}
-    for name, args in runs.items():
-        result = run(project, *args, f"--hud-results={name}.jsonl")
-        assert result.ret in (0, 1), result.stdout.str()
-        seen[name] = episodes(project.path / f"{name}.jsonl")
-        ran_inline[name] = {inline for _, inline in where(project)}
+    seen, ran_inline, results = run_each(project, runs)
+    for name, result in results.items():
         said = "note: sims:tasks: --hud-inline=auto: each worker steps its own env, since the sim renders no camera*"
         if name.startswith("auto"):
             result.stdout.fnmatch_lines([said])

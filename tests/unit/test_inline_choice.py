@@ -9,7 +9,7 @@ import pytest
 
 from pytest_hud.client.bridge import BridgeAddress
 from pytest_hud.controller.bridges import BridgeSpec
-from pytest_hud.controller.inline import inline_choice
+from pytest_hud.controller.inline import CACHE_KEY, KnownSims, inline_choice
 
 HERE = BridgeAddress(control=1, ws=2, secret="s")
 STATE_ONLY = {"cameras": 0, "slot_envs": True, "vectorization": "native"}
@@ -36,3 +36,30 @@ def test_a_camera_less_sim_of_separate_envs_runs_in_the_workers_and_says_why():
         "batched-policy", "remote"])
 def test_the_shared_bridge_is_kept(spec, announce, address):
     assert inline_choice(spec, "sims:tasks", announce, address) is None
+
+
+class _Cache(dict):
+    """pytest's cache, as far as KnownSims uses it."""
+
+    def get(self, key, default):
+        return super().get(key, default)
+
+    def set(self, key, value):
+        self[key] = value
+
+
+@pytest.mark.parametrize("saved", [None, ["not", "a", "dict"], {"camera_less": "x"}, {"camera_less": [["a"]]}])
+def test_a_cache_entry_this_version_did_not_write_is_ignored(saved):
+    known = KnownSims(_Cache({CACHE_KEY: saved}))
+    assert known.earlier == set()
+
+
+def test_what_this_runs_bridges_found_replaces_what_earlier_runs_found():
+    cache = _Cache({CACHE_KEY: {"camera_less": [["a", "{}"], ["b", "{}"]], "bridges": 0}})
+    known = KnownSims(cache)
+    assert known.earlier == {("a", "{}"), ("b", "{}")} and known.last_bridges == 0
+    known.forget(("a", "{}"))  # a worker found a camera: its bridge then says so
+    known.learned(("a", "{}"), {"cameras": 1, "slot_envs": True})
+    known.learned(("c", "{}"), {**STATE_ONLY})
+    known.save()
+    assert cache[CACHE_KEY] == {"camera_less": [["b", "{}"], ["c", "{}"]], "bridges": 2}
