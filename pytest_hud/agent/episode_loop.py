@@ -238,7 +238,7 @@ class _Watchdog:
     def arm(self, seconds: float, option: str) -> bool:
         """A model call starts; returns whether it is watched (False off the main thread, or
         when something else owns SIGALRM, e.g. pytest-timeout)."""
-        if threading.get_ident() != threading.main_thread().ident:
+        if threading.get_ident() != _MAIN_THREAD:
             return False  # signals reach the main thread only
         if _signal.getsignal(_signal.SIGALRM) is not self._handler:
             if _signal.getsignal(_signal.SIGALRM) not in (_signal.SIG_DFL, None):
@@ -258,7 +258,7 @@ class _Watchdog:
         self.deadline = None
 
     def release(self) -> None:
-        if threading.get_ident() != threading.main_thread().ident:
+        if threading.get_ident() != _MAIN_THREAD:
             return  # an episode on another thread never armed it
         if self.installed:
             ours = _signal.getsignal(_signal.SIGALRM) is self._handler
@@ -284,6 +284,7 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+_MAIN_THREAD = threading.main_thread().ident  # asked before every model call: looked up once
 
 
 @contextlib.contextmanager

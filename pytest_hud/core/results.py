@@ -30,7 +30,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,8 @@ def _warn_unknown(what: str, names: Iterable[str], consequence: str) -> None:
 
 
 def to_builtin(value: Any) -> Any:
-    """Recursively convert numpy scalars/arrays and other oddities to JSON-able builtins."""
+    """Recursively convert numpy scalars/arrays, dataclasses and other oddities to JSON-able
+    builtins (new containers throughout: the result shares nothing mutable with ``value``)."""
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -79,6 +80,8 @@ def to_builtin(value: Any) -> Any:
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
         return {str(k): to_builtin(v) for k, v in value.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        return _fields_builtin(value)
     if isinstance(value, (list, tuple, set, frozenset)):
         return [to_builtin(v) for v in value]
     if isinstance(value, os.PathLike):
@@ -90,6 +93,12 @@ def to_builtin(value: Any) -> Any:
     if callable(tolist):
         return to_builtin(tolist())
     return str(value)
+
+
+def _fields_builtin(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as builtins: :func:`dataclasses.asdict` without its deep copy, which
+    :func:`to_builtin` makes needless (an episode's record is written twice per episode)."""
+    return {f.name: to_builtin(getattr(obj, f.name)) for f in fields(obj)}
 
 
 @dataclass
@@ -233,7 +242,7 @@ class EpisodeRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as builtin types: its fields, then the unknown ones it was read with."""
-        data = to_builtin(asdict(self))
+        data = _fields_builtin(self)
         unknown = data.pop("unknown")
         return {**data, **{k: v for k, v in unknown.items() if k not in data}}
 
@@ -267,7 +276,7 @@ class TaskSummary:
     sim_successes: int = 0  # of those, the ones the sim graded a success
 
     def to_dict(self) -> dict[str, Any]:
-        return to_builtin(asdict(self))
+        return _fields_builtin(self)
 
 
 def aggregate(

@@ -138,6 +138,9 @@ class InlineSlot:
         self._env = sim.env.envs[0] if isinstance(sim, GymSim) else None
         self._hold = engine.tick_rules.hold_action
         self._batch_shape = (1, *self._hold.shape)
+        # looked up once per episode, not per step: the step is most of a cheap sim's cost
+        self._coerce, self._counts = engine.contract.coerce_action, engine.tick_rules
+        self._rows = tuple(sim.observe().items()) if self._env is not None else None
         self.metadata = {"claim_required": True, "width": 1, "inline": True}
         self.first_observation = read_frame(packb(frame), "first observation")
 
@@ -151,18 +154,21 @@ class InlineSlot:
         a slot's env (:meth:`GymSim.step_slots`); the episode tallied as :meth:`TickRules.apply_batch`
         tallies a slot (steps, return, latched success, score, the end); the frame as the wire
         reads it (the features' rows as read-only arrays, the reward a float32)."""
-        engine, slot, sim = self.bridge.engine, self.slot, self.bridge.sim
+        slot = self.slot
         if slot.state is not SlotState.LIVE:
+            engine = self.bridge.engine
             raise BridgeError(engine.late_frame(slot).args[0] if slot.failure is None else str(slot.failure))
         if type(action) is not np.ndarray or action.dtype.kind not in "biuf":
             arr = np.asarray(action)
             if arr.dtype.kind not in "biuf":  # what the wire would make of it, exactly
                 action = unpack_action(action_frame(action))["actions"]
         try:
-            action = engine.contract.coerce_action(action)
+            action = self._coerce(action)
         except ContractError as exc:
+            engine = self.bridge.engine
             raise BridgeError(str(engine.refuse_action(slot, str(exc)))) from None
         except Exception as exc:  # noqa: BLE001 - numpy refuses some values: the agent's error, as on a bridge
+            engine = self.bridge.engine
             raise BridgeError(str(engine.refuse_action(
                 slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})"))) from None
         try:
@@ -170,7 +176,7 @@ class InlineSlot:
                 reward, success, score, terminated, truncated = self._step_sim(action)
             else:
                 obs, reward, terminated, truncated, info = self._env.step(action)
-                sim._write_row(0, obs)
+                self.bridge.sim._write_row(0, obs)
                 success = bool(info) and info_success(info)
                 score = info.get("score") if info else None  # as GymSim reads an env's info
         except Exception as exc:  # this episode fails; a fresh env serves the next, as a bridge rebuilds one
@@ -178,19 +184,19 @@ class InlineSlot:
             failure = f"slot {slot.index}: sim raised during step: {why.splitlines()[-1]}\n{why}"
             slot.end(failure, None)
             try:
-                sim.rebuild_slot(0)
+                self.bridge.sim.rebuild_slot(0)
             except Exception:  # noqa: BLE001 - no env to go on with: later claims hear why
-                engine.faults.mark_broken(traceback.format_exc())
+                self.bridge.engine.faults.mark_broken(traceback.format_exc())
             raise BridgeError(failure) from None
         reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
-        counts = engine.tick_rules
+        counts = self._counts
         counts.ticks += 1
         counts.env_steps += 1
         counts.slot_steps += 1
         done = terminated or truncated
         slot.took_step(reward, success, None if score is None else float(score), done, terminated, truncated)
         frame: dict[str, Any] = {}
-        for key, rows in sim.observe().items():
+        for key, rows in self._rows or self.bridge.sim.observe().items():
             row = rows[0].copy()
             row.flags.writeable = False
             frame[key] = row
