@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from pytest_hud.client.bridge import BridgeError
+from pytest_hud.client.address import BridgeError
 from pytest_hud.client.episode import Episode, EpisodeError, EpisodeResult
 from pytest_hud.agent.episode_loop import EpisodeLoop, StepObserver
 from pytest_hud.agent.model import as_model

@@ -20,7 +20,6 @@ function here dispatches on; a factory is found by the core's one resolver
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from pytest_hud.core.contract import Contract
-from pytest_hud.core.specs import Spec, SpecError, parse_spec, resolve, unimportable
+from pytest_hud.core.specs import Spec, SpecError, hash_files, parse_spec, resolve, unimportable
 from pytest_hud.agent.lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
 
 __all__ = ["Model", "PolicyError", "as_model", "check_policy_spec", "load_policy", "policy_content_hash",
@@ -219,23 +218,6 @@ def policy_files(spec: Spec | str | None) -> list[str] | None:
     else:
         return None
     return [str(f.absolute()) for f in files]  # not resolved: a symlink's own name is hashed
-
-
-def hash_files(files: Sequence[str], stop: Any = None) -> str:
-    """A sha256 over each file's name and content, in order (see :func:`policy_content_hash`).
-
-    ``stop``: an event (``threading.Event``) that, once set, ends the reading within one block by
-    raising ``InterruptedError`` (a run that ends does not wait for a gigabyte checkpoint's hash)."""
-    h = hashlib.sha256()
-    for name in files:
-        f = Path(name)
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                if stop is not None and stop.is_set():
-                    raise InterruptedError(f"hashing {f} was stopped")
-                h.update(block)
-    return "sha256:" + h.hexdigest()
 
 
 def policy_content_hash(spec: Spec | str) -> str | None:

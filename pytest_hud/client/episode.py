@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_hud.client.bridge import AsyncSlotClient, BridgeAddress, BridgeError, ControlClient, SlotClient
+from pytest_hud.client.address import BridgeAddress, BridgeError
 from pytest_hud.core.contract import Contract
 from pytest_hud.core.results import EpisodeResult
+
+if TYPE_CHECKING:  # the clients (the WebSocket stack) are imported when a slot is opened on a bridge
+    from pytest_hud.client.bridge import AsyncSlotClient, ControlClient, SlotClient
 
 __all__ = ["Episode", "EpisodeError", "EpisodeResult"]
 
@@ -93,10 +96,14 @@ class Episode:
 
     def open_slot(self, recv_timeout: float) -> SlotClient:
         """The claimed slot's steps: its WebSocket on the bridge (the agent loop calls this)."""
+        from pytest_hud.client.bridge import SlotClient  # (the WebSocket stack: for a bridge's slot)
+
         return SlotClient(self.address, self.token, recv_timeout=recv_timeout)
 
     async def aopen_slot(self, recv_timeout: float) -> AsyncSlotClient:
         """asyncio version of :meth:`open_slot`."""
+        from pytest_hud.client.bridge import AsyncSlotClient
+
         return await AsyncSlotClient.connect(self.address, self.token, recv_timeout=recv_timeout)
 
     def definition(self) -> dict[str, Any]:

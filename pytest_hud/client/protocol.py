@@ -13,12 +13,14 @@ of every error a worker can see from a bridge lives in one place:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from websockets.exceptions import ConnectionClosed
-
+from pytest_hud.client.address import BridgeError
 from pytest_hud.core.contract import Contract
 from pytest_hud.wire.jsonrpc import RpcError
+if TYPE_CHECKING:
+    from websockets.exceptions import ConnectionClosed
+
 from pytest_hud.wire.codec import (
     FrameLayout, NotAMapError, TextFrameError, WireError, pack_action, packb, unpack_map,
 )
@@ -37,10 +39,6 @@ __all__ = [
     "read_frame",
     "send_error",
 ]
-
-
-class BridgeError(RuntimeError):
-    """The bridge refused something, failed the slot, or went away. The message says which."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pytest_hud.controller.services import PoolError, ServiceStarter
 from pytest_hud.launch.launcher import LocalLauncher, Service
 
 if TYPE_CHECKING:
-    from pytest_hud.client.bridge import BridgeAddress
+    from pytest_hud.client.address import BridgeAddress
 
 __all__ = ["PoolError", "BridgeSpec", "Bridges", "BRIDGE_MODULE"]
 
@@ -100,7 +100,7 @@ class Bridges:
         """The address of the bridge this worker should use, starting or replacing it if needed;
         for a sim an earlier run found camera-less, none (the worker runs it: ``inline_known``)
         unless the worker found a camera after all (``refuse_inline``)."""
-        from pytest_hud.client.bridge import BridgeAddress  # (the client stack: once a worker asks)
+        from pytest_hud.client.address import BridgeAddress  # (the client stack: once a worker asks)
 
         if self.attach is not None:
             return self.attach
@@ -191,7 +191,7 @@ class Bridges:
             note = service.announce.get(field_)
             if note:
                 self.notes[f"{_label(key)}: --hud-vectorization={note}"] = None
-        from pytest_hud.client.bridge import BridgeAddress
+        from pytest_hud.client.address import BridgeAddress
 
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
         self.known.learned(key[:2], service.announce)
@@ -231,10 +231,12 @@ class Bridges:
 
         Asked all at once, for ``timeout`` seconds in all: a bridge stuck in a sim call (one that
         accepts but does not answer) delays the summary by that much, however many there are."""
-        from pytest_hud.client.bridge import BridgeError, ControlClient
-
         with self._lock:
             bridges = [b for b in self._bridges.values() if b.process.poll() is None]
+        if not bridges:
+            return []  # (workers that stepped their sims themselves: no client stack to import)
+        from pytest_hud.client.bridge import BridgeError, ControlClient
+
         hints: dict[int, list[str]] = {}
 
         def ask(i: int, bridge: _Bridge) -> None:

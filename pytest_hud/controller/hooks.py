@@ -160,10 +160,9 @@ class HudController:
     def sensitivity(self) -> list[Any]:
         """The sensitivity tables of the run's robustness axes (``hud_axis``), pooled and per task;
         empty for a run without axes. Holm's alpha, the coverage rule and each task's metric are the gate's."""
-        from pytest_hud.core.sensitivity import sensitivity_tables
-
         if self._sensitivity is not None or not self.ledger.has_axes:  # (computed once the run finished)
             return self._sensitivity or []
+        from pytest_hud.core.sensitivity import sensitivity_tables  # (the statistics, numpy: for axes only)
         from pytest_hud.gate import metric_for
 
         records = list(self.records.values())
@@ -364,7 +363,7 @@ class HudController:
             return  # nothing ran: no verdicts, no files (and no imports racing the pool's threads)
         from pytest_hud.gate import gate_passed
         from pytest_hud.report.junit import add_gate_cases
-        from pytest_hud.worker.session import worker_session
+        from pytest_hud.worker.keys import worker_session  # (not the session module: numpy, the client)
 
         in_process = worker_session(self.config)
         if in_process is not None:
@@ -481,7 +480,7 @@ class HudController:
 
 
 def _attached(announce: str) -> Any:
-    from pytest_hud.client.bridge import BridgeAddress  # (the client stack and numpy: only for a bridge run apart)
+    from pytest_hud.client.address import BridgeAddress  # (the client stack and numpy: only for a bridge run apart)
 
     return BridgeAddress.from_announce(announce)
 

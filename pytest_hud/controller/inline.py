@@ -31,7 +31,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_hud.client.bridge import BridgeAddress
+    from pytest_hud.client.address import BridgeAddress
 
 __all__ = ["KnownSims", "auto_decides", "camera_less", "inline_choice", "inline_wins"]
 

@@ -20,7 +20,7 @@ from pytest_hud.controller.services import ServiceStarter
 from pytest_hud.launch.launcher import ExitedWhileStarting, LaunchError, LocalLauncher, Service
 
 if TYPE_CHECKING:
-    from pytest_hud.client.bridge import BridgeAddress
+    from pytest_hud.client.address import BridgeAddress
 
 __all__ = ["PolicyServers", "SERVER_MODULE"]
 

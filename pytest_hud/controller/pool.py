@@ -25,7 +25,7 @@ from pytest_hud.controller.services import SECRET_ENV, PoolError, ServiceStarter
 from pytest_hud.launch.launcher import Launcher
 
 if TYPE_CHECKING:
-    from pytest_hud.client.bridge import BridgeAddress
+    from pytest_hud.client.address import BridgeAddress
 
 __all__ = ["PoolError", "BridgeSpec", "SECRET_ENV", "SimPool"]
 

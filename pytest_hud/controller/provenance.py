@@ -109,7 +109,7 @@ class PolicyHashes:
 
 
 def _content_hash(files: tuple[str, ...], stop: threading.Event) -> str | None:
-    from pytest_hud.agent.model import hash_files
+    from pytest_hud.core.specs import hash_files
 
     try:
         return hash_files(files, stop)

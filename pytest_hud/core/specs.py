@@ -20,6 +20,7 @@ names stay with the role that runs it (:mod:`pytest_hud.sim.target`, :mod:`pytes
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -185,3 +186,20 @@ def portable_spec(spec: Spec | str | None, roots: Sequence[str | Path]) -> str |
         if path.startswith(os.path.join(base, "")):
             return f"{Path(os.path.relpath(path, base)).as_posix()}{sep}{attr}"
     return spec
+
+
+def hash_files(files: Sequence[str], stop: Any = None) -> str:
+    """A sha256 over each file's name and content, in order (see :func:`policy_content_hash`).
+
+    ``stop``: an event (``threading.Event``) that, once set, ends the reading within one block by
+    raising ``InterruptedError`` (a run that ends does not wait for a gigabyte checkpoint's hash)."""
+    h = hashlib.sha256()
+    for name in files:
+        f = Path(name)
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                if stop is not None and stop.is_set():
+                    raise InterruptedError(f"hashing {f} was stopped")
+                h.update(block)
+    return "sha256:" + h.hexdigest()

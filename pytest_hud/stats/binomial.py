@@ -20,6 +20,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from pytest_hud.stats.wilson import _check_count
+
 __all__ = ["binom_cdf", "binom_logpmf", "binom_pmf", "binom_sf"]
 
 
@@ -60,13 +62,6 @@ def _logsumexp(a: np.ndarray) -> float:
     if top == -math.inf:
         return -math.inf
     return top + math.log(float(np.sum(np.exp(a - top))))
-
-
-def _check_count(successes: int, n: int, what: str = "successes") -> tuple[int, int]:
-    successes, n = operator.index(successes), operator.index(n)
-    if n < 0 or not 0 <= successes <= n:
-        raise ValueError(f"{what}={successes} out of n={n}: need 0 <= {what} <= n")
-    return successes, n
 
 
 def _check_probability(p: float, name: str) -> float:

@@ -54,12 +54,12 @@ import math
 import operator
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from statistics import NormalDist
 
 import numpy as np
 
+from pytest_hud.stats.wilson import _check_count, wilson_interval
 from pytest_hud.stats.binomial import (
-    _binom_pmf_matrix, _check_count, _check_probability, _log_comb, _log_factorials, _logsumexp, _xlogy, binom_sf,
+    _binom_pmf_matrix, _check_probability, _log_comb, _log_factorials, _logsumexp, _xlogy, binom_sf,
 )
 
 __all__ = [
@@ -73,7 +73,6 @@ __all__ = [
     "wilson_interval",
 ]
 
-_NORMAL = NormalDist()
 # Two p-values (or statistics) closer than this, relatively, are the same value: tables that tie in
 # exact arithmetic must all land in the rejection region, whatever the rounding did to them.
 _REL_TIE = 1e-7
@@ -82,32 +81,6 @@ _REL_TIE = 1e-7
 # --------------------------------------------------------------------------------------------------
 # intervals
 # --------------------------------------------------------------------------------------------------
-
-
-def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a success rate; ``(0.0, 1.0)`` when ``n == 0``.
-
-    Wilson rather than the normal (Wald) interval because it stays inside [0, 1] and keeps close to
-    its nominal coverage at the small n and extreme rates that policy evals produce.
-
-        >>> wilson_interval(0, 0)
-        (0.0, 1.0)
-    """
-    successes, n = _check_count(successes, n)
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence={confidence} must be strictly between 0 and 1")
-    if n == 0:
-        return (0.0, 1.0)
-    z = _NORMAL.inv_cdf(0.5 + confidence / 2.0)
-    p = successes / n
-    z2 = z * z
-    denom = 1.0 + z2 / n
-    centre = (p + z2 / (2.0 * n)) / denom
-    half = z * math.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
-    # Pin the ends that are exact so that 0/n and n/n do not print as 1e-17 or 0.9999999.
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return (low, high)
 
 
 # --------------------------------------------------------------------------------------------------

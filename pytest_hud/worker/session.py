@@ -21,7 +21,7 @@ import pytest
 
 from pytest_hud.agent.loop import Agent
 from pytest_hud.agent.model import PolicyError, load_policy, policy_spec
-from pytest_hud.client.bridge import BridgeAddress, BridgeError, ControlClient
+from pytest_hud.client.address import BridgeAddress, BridgeError
 from pytest_hud.core.contract import Contract
 from pytest_hud.client.episode import Episode, EpisodeError
 from pytest_hud.worker.keys import EPISODES_KEY, SESSION_KEY, worker_session
@@ -31,6 +31,7 @@ from pytest_hud.wire.rpc import RpcClient, RpcError
 from pytest_hud.core.settings import HudSettings
 
 if TYPE_CHECKING:  # imported when a worker runs its sim itself: the bridge's engine and the sim loader
+    from pytest_hud.client.bridge import ControlClient
     from pytest_hud.worker.inline import InlineBridge
 
 __all__ = ["EPISODES_KEY", "SESSION_KEY", "HudSession", "SharedSim", "worker_session"]
@@ -275,6 +276,8 @@ class SharedSim:
             return
         if self._control is not None:
             self._control.close()
+        from pytest_hud.client.bridge import ControlClient  # (the WebSocket stack: a bridge runs the sim)
+
         self._control = ControlClient(self.address, timeout=30.0)
         self._contract = self._control.contract()
 

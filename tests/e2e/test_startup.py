@@ -102,26 +102,52 @@ def test_a_run_that_starts_no_bridge_warms_none(spec):
         pool.stop_all()
 
 
-LIGHT = '''
+IMPORTS = '''
 import sys
 import pytest
+
+HEAVY = ("numpy", "websockets", "gymnasium")
+
+
+def _write(name):
+    with open(f"imports-{name}.txt", "w") as fh:
+        fh.write(",".join(sorted(m for m in HEAVY if m in sys.modules)))
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
     """Before xdist starts its workers: what the controller has imported so far."""
     if not hasattr(session.config, "workerinput"):  # (this run may itself run in an xdist worker)
-        heavy = sorted(m for m in ("numpy", "websockets", "gymnasium") if m in sys.modules)
-        with open("controller-imports.txt", "w") as fh:
-            fh.write(",".join(heavy))
+        _write("controller-start")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """At the very end: what this process imported (the controller, or a worker by its id)."""
+    _write(getattr(config, "workerinput", {}).get("workerid", "controller") + "-end")
 '''
+
+
+def _imports(pytester, *args: str) -> dict[str, str]:
+    """Run the suite with ``args``; what each process had imported of numpy, websockets and gymnasium,
+    by ``controller-start``, ``controller-end``, ``gw0-end``, ..."""
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.makeconftest(IMPORTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-results=r.jsonl", *args,
+                                           timeout=200)
+    result.assert_outcomes(passed=4)
+    return {f.stem.removeprefix("imports-"): f.read_text() for f in pytester.path.glob("imports-*.txt")}
 
 
 def test_the_controller_starts_the_workers_before_it_imports_numpy_or_the_websocket_stack(pytester):
     """The controller's start-up is on every run's critical path (xdist starts its workers after
     it): it reads its settings and gate without numpy, the bridge client or a sim."""
-    pytester.makepyfile(test_suite=SUITE)
-    pytester.makeconftest(LIGHT)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-results=r.jsonl",
-                                           "--hud-max-drop=0.1", timeout=200)
-    result.assert_outcomes(passed=4)
-    assert (pytester.path / "controller-imports.txt").read_text() == ""
+    assert _imports(pytester, "--hud-max-drop=0.1")["controller-start"] == ""
+
+
+def test_a_run_whose_workers_step_their_sims_imports_no_websocket_stack_and_no_numpy_in_the_controller(pytester):
+    """Sims stepped in the workers talk to no bridge: neither the controller (its summary, its progress
+    line, its results file) nor a worker imports the WebSocket stack, and the controller no numpy."""
+    imports = _imports(pytester, "--hud-inline=always")
+    assert imports["controller-end"] == ""
+    assert imports["gw0-end"] == imports["gw1-end"] == "gymnasium,numpy"

@@ -104,17 +104,18 @@ def test_the_controller_hashes_a_policy_once_however_many_workers_ask(tmp_path, 
     from concurrent.futures import ThreadPoolExecutor
 
     import pytest_hud.agent.model as model
+    import pytest_hud.core.specs as specs
     from pytest_hud.controller.provenance import PolicyHashes
 
     folder = _checkpoint(tmp_path / "ckpt")
     calls = []
-    real = model.hash_files
+    real = specs.hash_files
 
     def counting(files, stop=None):
         calls.append(tuple(files))
         return real(files, stop)
 
-    monkeypatch.setattr(model, "hash_files", counting)
+    monkeypatch.setattr(specs, "hash_files", counting)  # what the controller hashes with
     files = model.policy_files(str(folder))
     hashes = PolicyHashes()
     try:
@@ -137,12 +138,13 @@ def test_closing_the_hashes_stops_a_long_read_at_once(tmp_path, monkeypatch):
     import time
 
     import pytest_hud.agent.model as model
+    import pytest_hud.core.specs as specs
     from pytest_hud.controller.provenance import PolicyHashes
 
     big = tmp_path / "weights.bin"
     big.write_bytes(b"\0" * (4 << 20))  # four blocks
     reading = threading.Event()
-    real_update = model.hashlib.sha256
+    real_update = specs.hashlib.sha256
 
     class Slow:  # a sha256 that takes a second per block, as a gigabyte file would in all
         def __init__(self):
@@ -156,7 +158,7 @@ def test_closing_the_hashes_stops_a_long_read_at_once(tmp_path, monkeypatch):
         def hexdigest(self):
             return self.h.hexdigest()
 
-    monkeypatch.setattr(model.hashlib, "sha256", Slow)
+    monkeypatch.setattr(specs.hashlib, "sha256", Slow)
     hashes = PolicyHashes()
     future = hashes.start("ckpt", [str(big)])
     assert reading.wait(5)
