@@ -14,7 +14,9 @@
 Suites: ``cartpole`` (200 episodes of CartPole-v1, a linear policy; an env-step of microseconds),
 ``meta_world`` (Meta-World MT10 from state with its scripted experts, 4 seeds per task; an
 env-step of about a millisecond). The two sides alternate ``--repeats`` times; the ratio printed is
-naive wall / pytest-hud wall of the fastest run of each (>= 1.0: pytest-hud is no slower). Both
+naive wall / pytest-hud wall of the fastest run of each (>= 1.0: pytest-hud is no slower), and beside
+it the median CPU seconds of each side's runs (pytest and all its processes; on a shared machine
+the CPU is steadier than the wall time, and on a busy one the wall time follows it). Both
 sides run as users run pytest, its cache on: from its second run on, pytest-hud remembers a sim its
 bridge found camera-less and starts no bridge to find out again; ``first run`` is pytest-hud's run
 with no cache, for that ratio.
@@ -25,6 +27,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,14 +94,20 @@ def test_mt10(task, seed):
 }
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
-    t0 = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str], cwd: Path) -> tuple[float, float, str]:
+    """Wall and CPU seconds of ``cmd`` (the CPU of pytest and every process it waited for)."""
+    cpu0, t0 = _children_cpu(), time.perf_counter()
     out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     tail = out.stdout.strip().splitlines()[-1:] or [out.stderr.strip()[-300:]]
     if "passed" not in tail[0]:
         print(f"    (run ended: {tail[0]})")
-    return wall, out.stdout
+    return wall, cpu, out.stdout
 
 
 def main() -> None:
@@ -124,18 +134,23 @@ def main() -> None:
             (tmp / "hud" / f"test_{suite}.py").write_text(hud_src.format(**fill))
             (tmp / "naive" / f"test_{suite}_naive.py").write_text(naive_src.format(**fill))
             base = [sys.executable, "-m", "pytest", "-q", "-n", workers]
-            hud, naive, notes = [], [], set()
+            hud, naive, hud_cpu, naive_cpu, notes = [], [], [], [], set()
             for _ in range(args.repeats):  # the naive side first: both find the same warm disk cache
-                naive.append(timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp / "naive")[0])
-                wall, out = timed(base + [f"--hud-width={workers}", f"--hud-results={tmp / 'r.jsonl'}",
-                                          str(tmp / "hud")], tmp / "hud")
+                wall, cpu, _ = timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp / "naive")
+                naive.append(wall)
+                naive_cpu.append(cpu)
+                wall, cpu, out = timed(base + [f"--hud-width={workers}", f"--hud-results={tmp / 'r.jsonl'}",
+                                               str(tmp / "hud")], tmp / "hud")
                 hud.append(wall)
+                hud_cpu.append(cpu)
                 notes.update(re.findall(r"--hud-inline=auto: (each worker steps its own env)", out))
         where = "envs in the workers (inline)" if notes else "shared bridge"
         rows.append((f"{suite} -n {workers}", min(naive), min(hud), where))
         print(f"  {rows[-1][0]:<16} naive {min(naive):6.2f} s  pytest-hud {min(hud):6.2f} s  "
               f"naive / pytest-hud {min(naive) / min(hud):5.2f}  ({where}; first run {hud[0]:.2f} s: "
-              f"{min(naive) / hud[0]:.2f})", flush=True)
+              f"{min(naive) / hud[0]:.2f})\n{'':18}CPU (median) naive {statistics.median(naive_cpu):6.2f} s  "
+              f"pytest-hud {statistics.median(hud_cpu):6.2f} s  naive / pytest-hud "
+              f"{statistics.median(naive_cpu) / statistics.median(hud_cpu):5.2f}", flush=True)
 
 
 if __name__ == "__main__":
