@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 from pytest_hud.client.address import BridgeError
 from pytest_hud.core.contract import Contract
 from pytest_hud.wire.jsonrpc import RpcError
-if TYPE_CHECKING:
-    from websockets.exceptions import ConnectionClosed
-
 from pytest_hud.wire.codec import (
     FrameLayout, NotAMapError, TextFrameError, WireError, pack_action, packb, unpack_map,
 )
+
+if TYPE_CHECKING:  # (only named in annotations: the clients that catch it import websockets)
+    from websockets.exceptions import ConnectionClosed
 
 __all__ = [
     "BridgeError",

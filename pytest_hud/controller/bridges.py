@@ -17,14 +17,12 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_hud.controller.inline import KnownSims, auto_decides, inline_choice
+from pytest_hud.client.address import BridgeAddress
 from pytest_hud.controller.services import PoolError, ServiceStarter
 from pytest_hud.launch.launcher import LocalLauncher, Service
-
-if TYPE_CHECKING:
-    from pytest_hud.client.address import BridgeAddress
 
 __all__ = ["PoolError", "BridgeSpec", "Bridges", "BRIDGE_MODULE"]
 
@@ -100,8 +98,6 @@ class Bridges:
         """The address of the bridge this worker should use, starting or replacing it if needed;
         for a sim an earlier run found camera-less, none (the worker runs it: ``inline_known``)
         unless the worker found a camera after all (``refuse_inline``)."""
-        from pytest_hud.client.address import BridgeAddress  # (the client stack: once a worker asks)
-
         if self.attach is not None:
             return self.attach
         key = self._bridge_key(target, build, worker)
@@ -191,8 +187,6 @@ class Bridges:
             note = service.announce.get(field_)
             if note:
                 self.notes[f"{_label(key)}: --hud-vectorization={note}"] = None
-        from pytest_hud.client.address import BridgeAddress
-
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
         self.known.learned(key[:2], service.announce)
         inline = inline_choice(spec, target, service.announce, address)

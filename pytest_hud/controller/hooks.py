@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from pytest_hud.client.address import BridgeAddress
 from pytest_hud.controller.startup import StartupClock
 from pytest_hud.controller.inline import KnownSims
 from pytest_hud.controller.inputs import RunInputs
@@ -75,7 +76,7 @@ class HudController:
         self._writer_lock = threading.Lock()
         rootdir = str(config.rootpath)
         invocation = str(config.invocation_params.dir)
-        attach = _attached(settings.sim_url) if settings.sim_url else None
+        attach = BridgeAddress.from_announce(settings.sim_url) if settings.sim_url else None
         timeouts = settings.timeouts
         spec = BridgeSpec(
             width=self.width, boot_timeout=timeouts.boot, claim_timeout=timeouts.claim,
@@ -477,12 +478,6 @@ class HudController:
             self.writer.close()
         if self._spool is not None:
             self._spool.cleanup()
-
-
-def _attached(announce: str) -> Any:
-    from pytest_hud.client.address import BridgeAddress  # (the client stack and numpy: only for a bridge run apart)
-
-    return BridgeAddress.from_announce(announce)
 
 
 def _launcher(settings: HudSettings, spec: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 from pytest_hud.gate import COMPARED, GateConfig, Verdict, outcomes_from_records, outcomes_from_results
 from pytest_hud.controller.progress import Progress
 from pytest_hud.core.results import EpisodeRecord, Results, TaskSummary, aggregate, to_builtin
+from pytest_hud.stats.wilson import wilson_interval
 
 __all__ = ["Ledger"]
 
@@ -73,8 +74,6 @@ class _Tally:
                                                                                          rec.finished_at)
 
     def summary(self, task: str, declared: int, wall_s: float | None) -> TaskSummary:
-        from pytest_hud.stats import wilson_interval  # numpy: once the first summary is built, not at start-up
-
         low, high = wilson_interval(self.successes, self.n)
         if self.stamped and self.stamped == self.ran:
             busy = self.last_finish - self.first_start

@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pytest_hud.stats.wilson import wilson_interval
+
 __all__ = [
     "SCHEMA",
     "EpisodeRecord",
@@ -296,8 +298,6 @@ def aggregate(
         by_task.setdefault(rec.task, []).append(rec)
     for task in declared or {}:
         by_task.setdefault(task, [])
-    from pytest_hud.stats import wilson_interval  # numpy: imported when a summary is built, not at start-up
-
     out: dict[str, TaskSummary] = {}
     for task, recs in sorted(by_task.items()):
         graded = [r for r in recs if r.outcome in ("passed", "failed") and r.success is not None]

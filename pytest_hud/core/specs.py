@@ -189,7 +189,8 @@ def portable_spec(spec: Spec | str | None, roots: Sequence[str | Path]) -> str |
 
 
 def hash_files(files: Sequence[str], stop: Any = None) -> str:
-    """A sha256 over each file's name and content, in order (see :func:`policy_content_hash`).
+    """A sha256 over each file's name and content, in order (a policy's content hash: its files as
+    ``pytest_hud.agent.model.policy_files`` lists them).
 
     ``stop``: an event (``threading.Event``) that, once set, ends the reading within one block by
     raising ``InterruptedError`` (a run that ends does not wait for a gigabyte checkpoint's hash)."""

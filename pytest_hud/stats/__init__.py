@@ -1,8 +1,8 @@
 """The statistics the gate rests on, pure (numpy only; imports nothing else of the project).
 
 Cut by role: :mod:`.binomial` (exact binomial building blocks in log space), :mod:`.rates` (the
-exact tests, Holm's procedure), :mod:`.levels` (robustness levels against
-their reference), :mod:`.power` (power, minimum detectable drop, episodes needed), :mod:`.strata` (the exact test
+exact tests, Holm's procedure), :mod:`.levels` (robustness levels against their reference),
+:mod:`.power` (power, minimum detectable drop, episodes needed), :mod:`.strata` (the exact test
 stratified by task), :mod:`.scores` (rank tests of continuous scores) and :mod:`.sequential` (the
 anytime-valid sequential test); :mod:`.wilson` has the Wilson interval without numpy. Every public
 name is importable from here, each from its module on first use (only the Wilson interval at import:
@@ -35,7 +35,7 @@ def __getattr__(name: str) -> Any:
     """Every name but the Wilson interval from its module on first use: those import numpy, which
     the controller needs only once a gate or a sensitivity table is computed."""
     module = _WHERE.get(name)
-    if module is None or module == "wilson":
+    if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 

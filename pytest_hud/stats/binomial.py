@@ -20,8 +20,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from pytest_hud.stats.wilson import _check_count
-
 __all__ = ["binom_cdf", "binom_logpmf", "binom_pmf", "binom_sf"]
 
 

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pytest_hud.stats.binomial import _check_count, _log_comb
+from pytest_hud.stats.binomial import _log_comb
+from pytest_hud.stats.wilson import _check_count
 
 __all__ = ["stratified_difference", "stratified_exact_one_sided"]
 

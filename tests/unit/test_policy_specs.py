@@ -137,7 +137,6 @@ def test_closing_the_hashes_stops_a_long_read_at_once(tmp_path, monkeypatch):
     import threading
     import time
 
-    import pytest_hud.agent.model as model
     import pytest_hud.core.specs as specs
     from pytest_hud.controller.provenance import PolicyHashes
 
