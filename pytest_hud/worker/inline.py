@@ -141,6 +141,13 @@ class InlineSlot:
         # looked up once per episode, not per step: the step is most of a cheap sim's cost
         self._coerce, self._counts = engine.contract.coerce_action, engine.tick_rules
         self._rows = tuple(sim.observe().items()) if self._env is not None else None
+        # an observation that is one array (no dict) of the row's dtype and shape is copied into the
+        # frame as it is (what the row would hold), not written into the row and copied out of it
+        bare = sim._bare_key if self._env is not None else None
+        self._bare = None
+        if bare is not None:
+            row = sim.observe()[bare]
+            self._bare = (bare, row.dtype, row.shape[1:])
         self.metadata = {"claim_required": True, "width": 1, "inline": True}
         self.first_observation = read_frame(packb(frame), "first observation")
 
@@ -171,12 +178,18 @@ class InlineSlot:
             engine = self.bridge.engine
             raise BridgeError(str(engine.refuse_action(
                 slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})"))) from None
+        obs = None
         try:
             if self._env is None:
                 reward, success, score, terminated, truncated = self._step_sim(action)
             else:
                 obs, reward, terminated, truncated, info = self._env.step(action)
-                self.bridge.sim._write_row(0, obs)
+                bare = self._bare
+                if bare is not None and type(obs) is np.ndarray and obs.dtype == bare[1] and obs.shape == bare[2]:
+                    obs = obs.copy()  # the frame's feature as it is: not written into the row and copied out
+                else:
+                    self.bridge.sim._write_row(0, obs)  # the dtype, shape and keys a bridge's row gives it
+                    obs = None
                 success = bool(info) and info_success(info)
                 score = info.get("score") if info else None  # as GymSim reads an env's info
         except Exception as exc:  # this episode fails; a fresh env serves the next, as a bridge rebuilds one
@@ -196,10 +209,14 @@ class InlineSlot:
         done = terminated or truncated
         slot.took_step(reward, success, None if score is None else float(score), done, terminated, truncated)
         frame: dict[str, Any] = {}
-        for key, rows in self._rows or self.bridge.sim.observe().items():
-            row = rows[0].copy()
-            row.flags.writeable = False
-            frame[key] = row
+        if obs is not None:
+            obs.setflags(write=False)
+            frame[self._bare[0]] = obs
+        else:
+            for key, rows in self._rows or self.bridge.sim.observe().items():
+                row = rows[0].copy()
+                row.setflags(write=False)
+                frame[key] = row
         frame["reward"] = np.float32(reward)
         frame["terminated"], frame["truncated"], frame["success"] = done, truncated, slot.success
         return frame
