@@ -81,6 +81,8 @@ class Bridges:
         self._bridges: dict[tuple, _Bridge] = {}
         self._retired: list[_Bridge] = []
         self._prestarts: set[tuple[str, str, int]] = set()  # bridges prestart_bridge started
+        self._finishing: list[threading.Thread] = []  # stopping the bridges of sims with nothing left to run
+        self._said: list[str] = []  # what those bridges said before they stopped (stepping_notes)
         #: What the run should be told about its bridges (a --hud-vectorization that did not apply), once each
         self.notes: dict[str, None] = {}
 
@@ -182,7 +184,9 @@ class Bridges:
             "--first-action-timeout", str(spec.first_action_timeout),
             "--step-timeout", str(spec.step_timeout),
         ]
-        service = self.starter.launch(cmd, f"bridge for {target!r}", "bridge")
+        # (named with its build arguments where it has any: a run's bridges of one target differ there)
+        service = self.starter.launch(cmd, f"bridge for {target!r}" + (f" {key[1]}" if key[1] != "{}" else ""),
+                                      "bridge")
         for field_ in ("vectorization_note", "vectorization_auto"):
             note = service.announce.get(field_)
             if note:
@@ -203,6 +207,32 @@ class Bridges:
             self._bridges.pop(bridge.key, None)
             self._retired.append(bridge)
 
+    def finish(self, target: str, build: dict[str, Any] | str | None) -> None:
+        """Every declared episode of this sim has been reported: stop its bridges (on a thread: the
+        caller is the controller's report hook) once they said what the summary should tell
+        (:meth:`stepping_notes`). A run of many suites (LIBERO's four, each bridge holding ``width``
+        envs of a few GB) then holds the bridges of the suites it is running, not all of them. A
+        worker that still asks for the sim (a rerun of a failed test) gets a fresh bridge."""
+        key2 = (target, build if isinstance(build, str) else json.dumps(build or {}, sort_keys=True))
+        with self._lock:
+            done = [b for key, b in self._bridges.items() if key[:2] == key2 and b.address.inline is None]
+            if not done or self.starter.closed:
+                return
+            thread = threading.Thread(target=self._finish, args=(done,), name="hud-stop-finished-bridge", daemon=True)
+            self._finishing.append(thread)
+        thread.start()
+
+    def _finish(self, bridges: list[_Bridge]) -> None:
+        said = self._ask(bridges, timeout=2.0)
+        with self._lock:
+            self._said.extend(said)
+        for bridge in bridges:
+            with self.starter.key_lock(bridge.key):  # not while a worker's request replaces it
+                with self._lock:
+                    current = self._bridges.get(bridge.key) is bridge
+                if current:
+                    self._retire(bridge)
+
     def forget(self) -> None:
         """The run is over: no bridge is handed out any more (the starter stops them)."""
         with self._lock:
@@ -220,13 +250,24 @@ class Bridges:
         ]
 
     def stepping_notes(self, timeout: float = 2.0) -> list[str]:
-        """What the live bridges say: slots they retired after faults of their envs, and what would
-        make their sims step faster (see ``stepping_hint``).
+        """What the bridges say: slots they retired after faults of their envs, and what would
+        make their sims step faster (see ``stepping_hint``); a bridge stopped once its sim's
+        episodes were all reported (:meth:`finish`) said it then.
 
         Asked all at once, for ``timeout`` seconds in all: a bridge stuck in a sim call (one that
         accepts but does not answer) delays the summary by that much, however many there are."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            finishing = list(self._finishing)
+        for thread in finishing:  # bridges stopping as their sims finished: what they said first
+            thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             bridges = [b for b in self._bridges.values() if b.process.poll() is None]
+            said = list(self._said)
+        return said + self._ask(bridges, max(0.1, deadline - time.monotonic()))
+
+    def _ask(self, bridges: list[_Bridge], timeout: float) -> list[str]:
+        """The notes and stepping hints of ``bridges``, each line labelled with its bridge."""
         if not bridges:
             return []  # (workers that stepped their sims themselves: no client stack to import)
         from pytest_hud.client.bridge import BridgeError, ControlClient

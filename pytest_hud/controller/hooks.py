@@ -185,13 +185,16 @@ class HudController:
         self.startup.mark("collected")  # declared once collected: the last worker's counts
         self.pool.add_python_path(python_path)
         self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
-        for target, build in sims:  # and the bridges of the sims its tests use
+        # and the bridges of the sims the workers start with (one per worker, in collection order);
+        # the others start when a worker first asks, and each stops once its episodes are reported:
+        # a run of many suites holds the bridges of the suites it is running, not all of them at once
+        for target, build in sims[:max(1, self.workers)]:
             self.pool.prestart_bridge(target, build, worker)
         for spec, files in (hash_policies or {}).items():  # every episode's record carries its policy's hash
             self.policy_hashes.start(spec, files)
         with self._lock:
             first = not self.ledger.declared and self.ledger.shard is None
-            count = self.ledger.declare(episodes, deselected or {}, shard)
+            count = self.ledger.declare(episodes, deselected or {}, shard, sims)
             problems = list(problems)
             if first:
                 problems += self._declaration_problems()
@@ -334,7 +337,9 @@ class HudController:
             self.startup.first("first_result", now := time.monotonic())
             self.startup.first("first_episode_started", now - record.before_report_s)
         with self._lock:
-            self.ledger.add(record)
+            finished = self.ledger.add(record)
+        if finished is not None:  # the last declared episode of a sim: its bridges have nothing left to run
+            self.pool.finish_bridges(*finished)
         writer = self._write()  # (takes its own lock, then the books': never the other way round)
         if writer is not None:
             with self._writer_lock:

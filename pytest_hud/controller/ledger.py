@@ -14,9 +14,10 @@ one (plain use, unit tests) it keeps them itself.
 
 from __future__ import annotations
 
+import json
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -118,6 +119,11 @@ class Ledger:
         self._declared_counts: dict[str, int] = {}  # task -> declared episodes
         self.deselected_episodes: dict[str, set[str]] = {}  # task -> episode ids deselected with -k/-m
         self._reported = bytearray()  # by declared index: 1 once the episode has a record
+        # the sim each declared episode's test steps on a bridge, and how many of each sim's are unreported
+        self._sim_of = array("i")  # by declared index: an index into _sim_keys, or -1 (none)
+        self._sim_keys: list[tuple[str, str]] = []  # (target, build as sorted JSON)
+        self._sim_index: dict[tuple[str, str], int] = {}
+        self._sim_left: list[int] = []
         self._reported_other: set[str] = set()  # nodeids with a record that were never declared
         self.reported = 0  # episodes (distinct nodeids) with a record
         self._tallies: dict[str, _Tally] = {}  # task -> running aggregates
@@ -159,13 +165,16 @@ class Ledger:
     # ----------------------------------------------------------------- input
     def declare(self, episodes: Iterable[Mapping[str, Any]],
                 deselected: Mapping[str, Iterable[str]] | Iterable[str] = (),
-                shard: Mapping[str, Any] | None = None) -> int:
+                shard: Mapping[str, Any] | None = None, sims: Sequence[Sequence[Any]] = ()) -> int:
         """Episodes this run will run (after deselection); a worker may declare the same ones again.
 
         ``deselected``: what ``-k``/``-m`` left out, as task -> episode ids (or just task names).
         ``shard`` (``--hud-shard``): this shard's index and count and the whole suite, so that the
         gate leaves the other shards' episodes out instead of calling them missing.
+        ``sims``: ``[target, build]`` of the sims the episodes step on a bridge, an episode's
+        ``"sim"`` its index here: :meth:`add` says when the last of a sim's episodes is reported.
         """
+        keys = [(str(target), json.dumps(build or {}, sort_keys=True)) for target, build in sims]
         by_task = deselected if isinstance(deselected, Mapping) else {task: () for task in deselected}
         for task, ids in by_task.items():
             self.deselected_episodes.setdefault(str(task), set()).update(str(e) for e in ids)
@@ -184,6 +193,7 @@ class Ledger:
                 self._task_of.append(self._task_index[task])
                 self._episode_of.append(episode)
                 self._reported.append(0)
+                self._sim_of.append(self._sim_number(keys[ep["sim"]]) if ep.get("sim") is not None else -1)
                 if ep.get("axes") or seed is None or str(seed) != episode:
                     self._seed_axes[index] = (seed, dict(ep["axes"]) if ep.get("axes") else None)
                 self._declared_counts[task] = self._declared_counts.get(task, 0) + 1
@@ -193,10 +203,22 @@ class Ledger:
                 self.metrics[ep["task"]] = str(ep["metric"])
         return len(self.declared)
 
-    def add(self, record: EpisodeRecord) -> None:
-        """An episode's record (the last one of a test id wins); feeds its task's sequential test."""
+    def _sim_number(self, key: tuple[str, str]) -> int:
+        number = self._sim_index.get(key)
+        if number is None:
+            number = self._sim_index[key] = len(self._sim_keys)
+            self._sim_keys.append(key)
+            self._sim_left.append(0)
+        self._sim_left[number] += 1
+        return number
+
+    def add(self, record: EpisodeRecord) -> tuple[str, str] | None:
+        """An episode's record (the last one of a test id wins); feeds its task's sequential test.
+        Returns the sim (target, build as sorted JSON) whose last declared episode this was: its
+        bridges have nothing left to run."""
         self._read = None
         nodeid = sys.intern(record.nodeid)
+        finished = None
         if self._was_reported(nodeid):
             self._stale.add(record.task)  # a rerun: its task's tallies are recounted from the records
         else:
@@ -206,6 +228,10 @@ class Ledger:
                 self._reported_other.add(nodeid)
             else:
                 self._reported[index] = 1
+                sim = self._sim_of[index]
+                if sim >= 0:
+                    self._sim_left[sim] -= 1
+                    finished = self._sim_keys[sim] if not self._sim_left[sim] else None
         if self._kept is not None:
             self._kept[nodeid] = record
         self._tallies.setdefault(sys.intern(record.task), _Tally()).add(record)
@@ -222,6 +248,7 @@ class Ledger:
                                   {"sim": ident["sim"], "build": ident.get("build") or {}})
         self._axes = self._axes or bool(record.axes)
         self._feed_sequential(record)
+        return finished
 
     def crashed(self, nodeid: str, message: str) -> EpisodeRecord | None:
         """The record of a declared episode whose worker died mid-test (None if not an episode)."""

@@ -80,6 +80,10 @@ class SimPool:
         """Start the bridge :meth:`bridge_for` would give ``worker`` now, on a thread of its own."""
         return self.bridge_set.prestart_bridge(target, build, worker)
 
+    def finish_bridges(self, target: str, build: dict[str, Any] | str | None) -> None:
+        """Every declared episode of this sim is reported: stop its bridges, their notes kept."""
+        self.bridge_set.finish(target, build)
+
     def bridges(self) -> list[dict[str, Any]]:
         """Every bridge this run started, live or retired."""
         return self.bridge_set.bridges()

@@ -176,9 +176,10 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
             if hud.settings.policy_server and settings.policy and "robot_agent" in fixtures:
                 served.add((settings.policy, json.dumps(settings.rename, sort_keys=True)))
             if settings.sim and "shared_sim" in fixtures and not hud.settings.resume:
-                # (resumed episodes may all be replayed: their bridge starts when one runs)
-                build = dict(settings.build or {})
-                sims[(settings.sim, json.dumps(build, sort_keys=True))] = [settings.sim, build]
+                # (resumed episodes may all be replayed: their bridge starts when one runs); each
+                # episode names its sim by its index in data["sims"] (collection order)
+                ident["sim"] = sims.setdefault((settings.sim, json.dumps(settings.build or {}, sort_keys=True)),
+                                               len(sims))
     deselected: dict[str, list[str]] = {}  # task -> episode ids
     for item in session.config.stash.get(DESELECTED_KEY, []):
         ident = item_identity(item)
@@ -197,8 +198,8 @@ def declaration(session: pytest.Session, hud: HudSession) -> dict[str, Any] | No
         data["hash_policies"] = {spec: policy_files(spec) for spec in sorted(used)}
     if served:  # the pool starts their servers now, while the sims boot (SimPool.prestart_policy_server)
         data["policies"] = [[spec, json.loads(rename)] for spec, rename in sorted(served)]
-    if sims:  # and these bridges, before the first test asks for one
-        data["sims"] = [sims[key] for key in sorted(sims)]
+    if sims:  # the bridges of the first ones start before the first test asks (Bridges.prestart_bridge)
+        data["sims"] = [[target, json.loads(build)] for target, build in sims]
     if served or sims:
         data["python_path"] = hud.project_paths()  # what those servers and bridges import with
     if shard is not None:  # the whole suite too: the gate and the merge need the other shards' episodes

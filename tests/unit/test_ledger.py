@@ -102,3 +102,21 @@ def test_used_lists_every_policy_and_sim_the_episodes_ran_with():
     ledger.add(record("t", 1, identity={"policy": "q", "policy_hash": "h2", "sim": "s", "build": {"k": 1}}))
     policies, sims = ledger.used()
     assert {p["policy"] for p in policies} == {"p", "q"} and sims == [{"sim": "s", "build": {"k": 1}}]
+
+
+def test_the_last_reported_episode_of_a_sim_says_its_bridges_have_nothing_left_to_run():
+    ledger = Ledger()
+    sims = [["sims:libero", {"suite": "libero_spatial"}], ["sims:libero", {"suite": "libero_goal"}]]
+    episodes = [dict(ep, sim=0 if i < 2 else 1) for i, ep in enumerate(declared("t", 4))]
+    episodes.append(declared("other", 1)[0])  # an episode on no bridge (no shared_sim)
+    ledger.declare(episodes, sims=sims)
+    # another worker's declaration lists the same sims in another order: counted once all the same
+    ledger.declare([dict(ep, sim=1 - ep["sim"]) if "sim" in ep else ep for ep in episodes], sims=sims[::-1])
+    spatial, goal = ("sims:libero", '{"suite": "libero_spatial"}'), ("sims:libero", '{"suite": "libero_goal"}')
+    assert ledger.add(record("t", 2)) is None
+    assert ledger.add(record("t", 0, "failed")) is None
+    assert ledger.add(record("other", 0)) is None
+    assert ledger.add(record("t", 1, "error")) == spatial  # its last one, whatever the outcome
+    assert ledger.add(record("t", 1)) is None  # a rerun: said once
+    assert ledger.add(record("undeclared", 7)) is None
+    assert ledger.add(record("t", 3, "skipped")) == goal
