@@ -8,7 +8,8 @@
 hand-written WebSocket core, before websockets' sans-I/O protocol replaced it). Each suite runs as
 a user runs it, ``pytest SUITE -n W --hud-width=W`` in a subprocess, once per side and round, the
 sides alternating (A B, B A, ...) on the same machine; only the ``pytest_hud`` package differs
-(``git archive REF`` on ``PYTHONPATH`` for the ref, this tree for the checkout).
+(the ref's side runs in this tree with ``git archive REF``'s package in place of its own:
+``git_ref.tree_with_package``).
 
 - ``pusht``: ``evals/test_pusht.py`` (LeRobot's PushT from 96x96 pixels, an ACT checkpoint, 300
   steps an episode; ``--pusht-episodes``). Needs LeRobot and gym-pusht.
@@ -36,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from git_ref import extract_package
+from git_ref import check_package, tree_with_package
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK_S = os.sysconf("SC_CLK_TCK")
@@ -87,8 +88,8 @@ def run_suite(python: str, suite: str, width: int, pythonpath: Path, scratch: Pa
     env = dict(env, PYTHONPATH=str(pythonpath))
     cpu: dict[int, float] = {}
     started = time.perf_counter()
-    with open(scratch / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(scratch / f"{name}.log", "w") as log:  # in the tree whose package it measures
+        proc = subprocess.Popen(command, cwd=pythonpath, env=env, stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             for pid in _bridge_pids(proc.pid):
                 seconds = _cpu_s(pid)
@@ -124,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, PUSHT_EPISODES=str(args.pusht_episodes))
     with tempfile.TemporaryDirectory(prefix="ws-core-") as tmp:
         scratch = Path(tmp)
-        sides = {"checkout": ROOT, args.before: extract_package(args.before, scratch / "ref")}
+        sides = {"checkout": ROOT, args.before: tree_with_package(args.before, scratch / "ref")}
+        for tree in sides.values():
+            check_package(args.python, tree)
         rows: dict[tuple[str, str], list[dict]] = {}
         for suite in suites:
             for round_ in range(args.rounds):

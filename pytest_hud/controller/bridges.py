@@ -17,6 +17,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pytest_hud.controller.inline import KnownSims, auto_decides, inline_choice
@@ -27,6 +28,21 @@ from pytest_hud.launch.launcher import LocalLauncher, Service
 __all__ = ["PoolError", "BridgeSpec", "Bridges", "BRIDGE_MODULE"]
 
 BRIDGE_MODULE = "pytest_hud.bridge"  # what a bridge runs (python -m)
+
+
+def first_sims(episode_sims: Sequence[int | None], workers: int) -> list[int]:
+    """The sims (indices, in order) of the episodes the run's ``workers`` begin with, as
+    pytest-xdist's load scheduling hands out tests (``episode_sims``: each declared episode's sim,
+    None for one on no bridge, in collection order): one test each, round-robin, when there are
+    fewer than two per worker, else each a chunk of consecutive tests, a quarter of its share and
+    at least two. (A guess for starting bridges early: another scheduler costs a wait, not an episode.)"""
+    n, workers = len(episode_sims), max(1, workers)
+    if n < 2 * workers:
+        starts: Iterable[int] = range(min(n, workers))
+    else:
+        chunk = max(2, n // workers // 4)
+        starts = range(0, chunk * workers, chunk)
+    return list(dict.fromkeys(sim for sim in (episode_sims[i] for i in starts) if sim is not None))
 
 
 def _label(key: tuple[str, str, int]) -> str:
@@ -83,6 +99,9 @@ class Bridges:
         self._prestarts: set[tuple[str, str, int]] = set()  # bridges prestart_bridge started
         self._finishing: list[threading.Thread] = []  # stopping the bridges of sims with nothing left to run
         self._said: list[str] = []  # what those bridges said before they stopped (stepping_notes)
+        self._order: list[tuple[str, dict[str, Any]]] = []  # the run's sims in collection order (plan)
+        self._begun: set[tuple[str, str]] = set()  # sims (target, build JSON) whose bridges were started
+        self._finished: set[tuple[str, str]] = set()  # sims whose declared episodes were all reported
         #: What the run should be told about its bridges (a --hud-vectorization that did not apply), once each
         self.notes: dict[str, None] = {}
 
@@ -134,6 +153,36 @@ class Bridges:
         (camera-less, separate envs), with no layout or remote placement asked for: then no bridge starts."""
         return (key[:2] in self.known.earlier and auto_decides(self.spec) and not self.spec.batched_policy
                 and isinstance(self.starter.launcher, LocalLauncher))
+
+    def plan(self, sims: Sequence[Sequence[Any]], first: Iterable[int]) -> None:
+        """The run's sims in collection order (``[target, build]``) and those its workers begin
+        with (indices, :func:`first_sims`): their bridges start now, for every group of workers,
+        and so does the next sim's, booting ahead. Each time a sim finishes (:meth:`finish`), the
+        next one not started yet boots. A run of many suites (LIBERO's four, each bridge ``width``
+        envs of a few GB) then holds the bridges of the suites it runs plus one, not all of them.
+        The first declaration plans; a sim no plan named starts when a worker asks for it."""
+        with self._lock:
+            if self._order:
+                return
+            self._order = [(str(target), dict(build or {})) for target, build in sims]
+        for index in dict.fromkeys(first):
+            self._prestart_groups(*self._order[index])
+        self._start_next()
+
+    def _prestart_groups(self, target: str, build: dict[str, Any]) -> None:
+        with self._lock:
+            self._begun.add((target, json.dumps(build, sort_keys=True)))
+        width = max(1, self.spec.width)
+        for group in range((self.workers + width - 1) // width):
+            self.prestart_bridge(target, build, group * width)
+
+    def _start_next(self) -> None:
+        """Start the bridges of the first sim in collection order not started or finished yet."""
+        with self._lock:
+            begun = self._begun | self._finished | {key[:2] for key in self._bridges}
+            upcoming = [(t, b) for t, b in self._order if (t, json.dumps(b, sort_keys=True)) not in begun]
+        if upcoming and not self.starter.closed:
+            self._prestart_groups(*upcoming[0])
 
     def prestart_bridge(self, target: str, build: dict[str, Any] | None, worker: int = 0) -> bool:
         """Start the bridge :meth:`bridge_for` would give ``worker`` now, on a thread of its own, so
@@ -215,14 +264,16 @@ class Bridges:
         worker that still asks for the sim (a rerun of a failed test) gets a fresh bridge."""
         key2 = (target, build if isinstance(build, str) else json.dumps(build or {}, sort_keys=True))
         with self._lock:
+            self._finished.add(key2)
             done = [b for key, b in self._bridges.items() if key[:2] == key2 and b.address.inline is None]
-            if not done or self.starter.closed:
+            if self.starter.closed:
                 return
             thread = threading.Thread(target=self._finish, args=(done,), name="hud-stop-finished-bridge", daemon=True)
             self._finishing.append(thread)
         thread.start()
 
     def _finish(self, bridges: list[_Bridge]) -> None:
+        """Stop ``bridges`` once they said their notes, then start the next sim's (:meth:`plan`)."""
         said = self._ask(bridges, timeout=2.0)
         with self._lock:
             self._said.extend(said)
@@ -232,6 +283,7 @@ class Bridges:
                     current = self._bridges.get(bridge.key) is bridge
                 if current:
                     self._retire(bridge)
+        self._start_next()
 
     def forget(self) -> None:
         """The run is over: no bridge is handed out any more (the starter stops them)."""

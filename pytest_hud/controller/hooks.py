@@ -27,6 +27,7 @@ import pytest
 
 from pytest_hud.client.address import BridgeAddress
 from pytest_hud.controller.startup import StartupClock
+from pytest_hud.controller.bridges import first_sims
 from pytest_hud.controller.inline import KnownSims
 from pytest_hud.controller.inputs import RunInputs
 from pytest_hud.controller.kept_reports import ReportLightener
@@ -185,11 +186,10 @@ class HudController:
         self.startup.mark("collected")  # declared once collected: the last worker's counts
         self.pool.add_python_path(python_path)
         self.prestart_policy_servers(policies, worker)  # the policies this worker's tests will ask a server for
-        # and the bridges of the sims the workers start with (one per worker, in collection order);
-        # the others start when a worker first asks, and each stops once its episodes are reported:
-        # a run of many suites holds the bridges of the suites it is running, not all of them at once
-        for target, build in sims[:max(1, self.workers)]:
-            self.pool.prestart_bridge(target, build, worker)
+        # and the bridges of the sims the workers begin with, the next one's ahead (the rest as the
+        # run goes on); each stops once its sim's episodes are reported (see _add)
+        if sims:
+            self.pool.plan_bridges(sims, first_sims([ep.get("sim") for ep in episodes], self.workers))
         for spec, files in (hash_policies or {}).items():  # every episode's record carries its policy's hash
             self.policy_hashes.start(spec, files)
         with self._lock:

@@ -14,7 +14,7 @@ local child by default, a process on a Ray node (``--hud-ray``), or an already-r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +79,11 @@ class SimPool:
     def prestart_bridge(self, target: str, build: dict[str, Any] | None, worker: int = 0) -> bool:
         """Start the bridge :meth:`bridge_for` would give ``worker`` now, on a thread of its own."""
         return self.bridge_set.prestart_bridge(target, build, worker)
+
+    def plan_bridges(self, sims: Sequence[Sequence[Any]], first: Iterable[int]) -> None:
+        """The run's sims in collection order and those its workers begin with: start their bridges,
+        and the next sim's ahead (:meth:`Bridges.plan`)."""
+        self.bridge_set.plan(sims, first)
 
     def finish_bridges(self, target: str, build: dict[str, Any] | str | None) -> None:
         """Every declared episode of this sim is reported: stop its bridges, their notes kept."""
