@@ -16,8 +16,8 @@ import dataclasses
 import json
 import threading
 import time
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_hud.controller.inline import KnownSims, auto_decides, inline_choice
