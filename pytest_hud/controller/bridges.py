@@ -45,6 +45,12 @@ def first_sims(episode_sims: Sequence[int | None], workers: int) -> list[int]:
     return list(dict.fromkeys(sim for sim in (episode_sims[i] for i in starts) if sim is not None))
 
 
+def _sim_key(target: str, build: dict[str, Any] | str | None) -> tuple[str, str]:
+    """A sim as the pool keys its bridges: its target and its build arguments as sorted JSON
+    (given as such, as the ledger names a finished sim, or as a dict)."""
+    return target, build if isinstance(build, str) else json.dumps(build or {}, sort_keys=True)
+
+
 def _label(key: tuple[str, str, int]) -> str:
     """A bridge as the summary names it: its target, and its build arguments when it has any
     (two bridges of one target differ there)."""
@@ -146,7 +152,7 @@ class Bridges:
             return current.address
 
     def _bridge_key(self, target: str, build: dict[str, Any] | None, worker: int) -> tuple[str, str, int]:
-        return target, json.dumps(build or {}, sort_keys=True), self.group_of(worker)
+        return (*_sim_key(target, build), self.group_of(worker))
 
     def _known_inline(self, key: tuple[str, str, int]) -> bool:
         """Whether ``auto`` would run this sim in the workers as an earlier run's bridge found it
@@ -171,7 +177,7 @@ class Bridges:
 
     def _prestart_groups(self, target: str, build: dict[str, Any]) -> None:
         with self._lock:
-            self._begun.add((target, json.dumps(build, sort_keys=True)))
+            self._begun.add(_sim_key(target, build))
         width = max(1, self.spec.width)
         for group in range((self.workers + width - 1) // width):
             self.prestart_bridge(target, build, group * width)
@@ -180,7 +186,7 @@ class Bridges:
         """Start the bridges of the first sim in collection order not started or finished yet."""
         with self._lock:
             begun = self._begun | self._finished | {key[:2] for key in self._bridges}
-            upcoming = [(t, b) for t, b in self._order if (t, json.dumps(b, sort_keys=True)) not in begun]
+            upcoming = [(t, b) for t, b in self._order if _sim_key(t, b) not in begun]
         if upcoming and not self.starter.closed:
             self._prestart_groups(*upcoming[0])
 
@@ -262,7 +268,7 @@ class Bridges:
         (:meth:`stepping_notes`). A run of many suites (LIBERO's four, each bridge holding ``width``
         envs of a few GB) then holds the bridges of the suites it is running, not all of them. A
         worker that still asks for the sim (a rerun of a failed test) gets a fresh bridge."""
-        key2 = (target, build if isinstance(build, str) else json.dumps(build or {}, sort_keys=True))
+        key2 = _sim_key(target, build)
         with self._lock:
             self._finished.add(key2)
             done = [b for key, b in self._bridges.items() if key[:2] == key2 and b.address.inline is None]
