@@ -1,6 +1,6 @@
 """pytest-hud against the naive way on cheap and state-only sims, side by side in one run.
 
-    python benchmarks/vs_naive.py [--suites cartpole-n2,cartpole-n8,meta_world-n2] [--repeats 2]
+    python benchmarks/vs_naive.py [--suites cartpole-n0,cartpole-n2,cartpole-n8,meta_world-n2] [--repeats 2]
 
 (``meta_world`` needs Meta-World: run it in a venv that has it, with this checkout first on
 ``PYTHONPATH``.) Each suite is the same parametrized episodes written twice:
@@ -10,6 +10,8 @@
   ``--hud-vectorization=auto`` choose where the envs run, and the summary's note says what they chose);
 - **naive**: ``pytest -n W -p no:hud``, each test building its own env and policy in-process and
   looping there, as hand-written eval suites do (``naive_support.py``).
+
+``-n0`` runs a suite in one process, without xdist workers, as it runs without ``-n``.
 
 Suites: ``cartpole`` (200 episodes of CartPole-v1, a linear policy; an env-step of microseconds),
 ``meta_world`` (Meta-World MT10 from state with its scripted experts, 4 seeds per task; an
@@ -112,7 +114,7 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suites", default="cartpole-n2,cartpole-n8,meta_world-n2",
+    parser.add_argument("--suites", default="cartpole-n0,cartpole-n2,cartpole-n8,meta_world-n2",
                         help="Comma-separated SUITE-nW (suites: cartpole, meta_world)")
     parser.add_argument("--repeats", type=int, default=2, help="Runs of each side, alternating")
     args = parser.parse_args()
@@ -139,7 +141,7 @@ def main() -> None:
                 wall, cpu, _ = timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp / "naive")
                 naive.append(wall)
                 naive_cpu.append(cpu)
-                wall, cpu, out = timed(base + [f"--hud-width={workers}", f"--hud-results={tmp / 'r.jsonl'}",
+                wall, cpu, out = timed(base + [f"--hud-width={max(1, int(workers))}", f"--hud-results={tmp / 'r.jsonl'}",
                                                str(tmp / "hud")], tmp / "hud")
                 hud.append(wall)
                 hud_cpu.append(cpu)

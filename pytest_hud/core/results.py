@@ -456,12 +456,17 @@ def load_results(path: str | os.PathLike[str]) -> Results:
 
 
 class ResultsWriter:
-    """Appends records to the results file, flushing and fsyncing each episode as it lands.
+    """Appends records to the results file, flushing each episode as it lands and fsyncing it soon after.
 
     Each line is written and flushed at once, so a killed run loses nothing it finished; the
-    fsync that carries it to the disk runs on a thread of its own (one at a time: lines written
-    meanwhile share the next), so the run never waits on the disk for it. :meth:`close` waits
-    for the last one."""
+    fsync that carries it to the disk runs on a thread of its own, so the run never waits on the
+    disk for it, and at most once every ``sync_interval`` seconds (lines written meanwhile share
+    the next): a thread woken for every episode would contend for the GIL with the one that runs
+    them (a serial run of 200 CartPole episodes took 7.2-7.9 s with an fsync per episode, 5.3 s
+    with one a second). A machine that loses power may lose the last interval's lines; a killed run loses
+    none. :meth:`close` waits for the last fsync."""
+
+    sync_interval = 1.0
 
     def __init__(self, path: str | os.PathLike[str], provenance: Mapping[str, Any], run_id: str,
                  append: bool = False, declared: Mapping[str, Iterable[str]] | None = None,
@@ -474,6 +479,7 @@ class ResultsWriter:
         self._fh = open(self.path, mode, encoding="utf-8")
         self._unsynced = threading.Condition()  # guards _dirty and _closing; wakes the syncer
         self._dirty = self._closing = False
+        self._closed = threading.Event()  # ends the syncer's pause between fsyncs (writes do not)
         self._syncer = threading.Thread(target=self._sync_loop, name="hud-results-fsync", daemon=True)
         self._syncer.start()
         if mode == "w":
@@ -489,8 +495,9 @@ class ResultsWriter:
         self._fh.write(json.dumps(obj, sort_keys=False) + "\n")
         self._fh.flush()
         with self._unsynced:
-            self._dirty = True
-            self._unsynced.notify()
+            if not self._dirty:
+                self._dirty = True
+                self._unsynced.notify()
 
     def _sync_loop(self) -> None:
         fd = self._fh.fileno()
@@ -505,6 +512,7 @@ class ResultsWriter:
                 os.fsync(fd)
             except OSError:  # a file that cannot be synced (a pipe, some network mounts): written all the same
                 return
+            self._closed.wait(self.sync_interval)  # the next fsync after an interval, at once on close
 
     def episode(self, record: EpisodeRecord) -> None:
         self._write({"record": "episode", **record.to_dict()})
@@ -532,6 +540,7 @@ class ResultsWriter:
             with self._unsynced:
                 self._closing = True
                 self._unsynced.notify()
+            self._closed.set()
             self._syncer.join()
             self._fh.close()
 

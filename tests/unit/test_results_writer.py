@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from pytest_hud.core.results import EpisodeRecord, ResultsWriter, load_results
 
@@ -39,3 +40,43 @@ def test_an_episode_is_written_at_once_while_its_fsync_runs_apart_and_close_wait
     disk.set()
     assert closed.wait(30)
     assert synced  # the lines written during an fsync share the next one, done before close returned
+
+
+def test_episodes_written_in_a_burst_share_one_fsync_per_interval_and_close_syncs_the_rest(tmp_path, monkeypatch):
+    synced: list[float] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(time.monotonic()), real_fsync(fd)))
+    path = tmp_path / "r.jsonl"
+    writer = ResultsWriter(path, {}, "run-1")
+    writer.sync_interval = 60.0  # longer than the test: only close() ends the pause
+    deadline = time.monotonic() + 30
+    while not synced and time.monotonic() < deadline:  # the header's fsync, at once
+        time.sleep(0.01)
+    assert len(synced) == 1
+    for seed in range(50):  # each line is in the file at once, none wakes the syncer
+        writer.episode(EpisodeRecord(task="t", episode=str(seed), nodeid=f"t[{seed}]", outcome="passed",
+                                     success=True, seed=seed))
+        assert len(load_results(path).episodes) == seed + 1
+    time.sleep(0.2)
+    assert len(synced) == 1
+    writer.close()  # ends the pause: the 50 lines share one fsync before close returns
+    assert len(synced) == 2
+
+
+def test_lines_written_after_an_interval_are_synced_without_waiting_for_close(tmp_path, monkeypatch):
+    synced: list[float] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(time.monotonic()), real_fsync(fd)))
+    writer = ResultsWriter(tmp_path / "r.jsonl", {}, "run-1")
+    writer.sync_interval = 0.05
+    try:
+        for seed in range(3):
+            before = len(synced)
+            writer.episode(EpisodeRecord(task="t", episode=str(seed), nodeid=f"t[{seed}]", outcome="passed",
+                                         success=True, seed=seed))
+            deadline = time.monotonic() + 30
+            while len(synced) == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(synced) > before, "a line written was never fsynced while the file stayed open"
+    finally:
+        writer.close()
