@@ -46,9 +46,9 @@ def test_episodes_written_in_a_burst_share_one_fsync_per_interval_and_close_sync
     synced: list[float] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(time.monotonic()), real_fsync(fd)))
+    monkeypatch.setattr(ResultsWriter, "sync_interval", 60.0)  # longer than the test: only close() ends the pause
     path = tmp_path / "r.jsonl"
     writer = ResultsWriter(path, {}, "run-1")
-    writer.sync_interval = 60.0  # longer than the test: only close() ends the pause
     deadline = time.monotonic() + 30
     while not synced and time.monotonic() < deadline:  # the header's fsync, at once
         time.sleep(0.01)
@@ -67,8 +67,8 @@ def test_lines_written_after_an_interval_are_synced_without_waiting_for_close(tm
     synced: list[float] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(time.monotonic()), real_fsync(fd)))
+    monkeypatch.setattr(ResultsWriter, "sync_interval", 0.05)
     writer = ResultsWriter(tmp_path / "r.jsonl", {}, "run-1")
-    writer.sync_interval = 0.05
     try:
         for seed in range(3):
             before = len(synced)
