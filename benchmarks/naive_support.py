@@ -16,10 +16,15 @@ def build_env(target: str, **build: Any) -> gym.Env:
     return gym.make(target, **build) if factory is None else factory(**build)
 
 
-def build_policy(spec: str, env: gym.Env) -> Any:
+def build_model(spec: str, env: gym.Env) -> tuple[Any, Any]:
+    """The policy's model as pytest-hud loads it for ``env``'s contract, and that contract."""
     obs, _ = env.reset(seed=0)
     contract = derive_contract(env.observation_space, env.action_space, obs, env.metadata)
-    model = load_policy(spec, contract)
+    return load_policy(spec, contract), contract
+
+
+def build_policy(spec: str, env: gym.Env) -> Any:
+    model, contract = build_model(spec, env)
 
     class Chunked:  # always a chunk [T, A], like the agent loop's open-loop queue
         def reset(self):

@@ -42,7 +42,7 @@ SIDES = ("env + policy", "naive", "pytest-hud")
 def child(side: str, episodes: int) -> None:
     """The workload measured: ``episodes`` CartPole episodes of ``side``."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from naive_support import build_env, build_policy, run_episode
+    from naive_support import build_env, build_model, build_policy, run_episode
 
     if side == "naive":
         for seed in range(episodes):
@@ -50,14 +50,10 @@ def child(side: str, episodes: int) -> None:
             run_episode(env, build_policy(POLICY, env), seed)
             env.close()
         return
-    from pytest_hud.agent.model import load_policy
-    from pytest_hud.core.contract import derive_contract
-
     if side == "env + policy":
         for seed in range(episodes):
             env = build_env(SIM)
-            obs, _ = env.reset(seed=0)
-            model = load_policy(POLICY, derive_contract(env.observation_space, env.action_space, obs, env.metadata))
+            model, _ = build_model(POLICY, env)
             obs, _ = env.reset(seed=seed)
             ended = False
             while not ended:
@@ -66,6 +62,7 @@ def child(side: str, episodes: int) -> None:
             env.close()
         return
     from pytest_hud.agent.loop import Agent
+    from pytest_hud.agent.model import load_policy
     from pytest_hud.client.episode import Episode
     from pytest_hud.recording.video import VideoRecorder
     from pytest_hud.worker.inline import InlineBridge
@@ -84,10 +81,11 @@ def child(side: str, episodes: int) -> None:
 
 
 def instructions(side: str, episodes: int) -> int:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1")
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
          "--child", side, str(episodes)],
-        capture_output=True, text=True, check=False, env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1"))
+        capture_output=True, text=True, check=False, env=env)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if out.returncode != 0 or found is None:
         raise SystemExit(f"{side}: the run under callgrind failed:\n{out.stderr[-2000:]}")
@@ -106,7 +104,8 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind): it counts the instructions")
     few, many = args.episodes
-    print(f"CartPole, instructions (callgrind) of {many} episodes less {few}, per step (each episode's own work spread over its {STEPS})")
+    print(f"CartPole, instructions (callgrind) of {many} episodes less {few}, per step "
+          f"(each episode's own work spread over its {STEPS})")
     per_step: dict[str, float] = {}
     for side in SIDES:
         small, large = instructions(side, few), instructions(side, many)

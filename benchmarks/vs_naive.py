@@ -141,7 +141,8 @@ def main() -> None:
                 wall, cpu, _ = timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp / "naive")
                 naive.append(wall)
                 naive_cpu.append(cpu)
-                wall, cpu, out = timed(base + [f"--hud-width={max(1, int(workers))}", f"--hud-results={tmp / 'r.jsonl'}",
+                width = max(1, int(workers))  # -n 0: one process, one slot
+                wall, cpu, out = timed(base + [f"--hud-width={width}", f"--hud-results={tmp / 'r.jsonl'}",
                                                str(tmp / "hud")], tmp / "hud")
                 hud.append(wall)
                 hud_cpu.append(cpu)

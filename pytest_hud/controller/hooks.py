@@ -7,8 +7,9 @@ the pieces cut by role, as pytest-xdist cuts ``dsession``/``workermanage``:
 - :class:`~.ledger.Ledger` (pure): declared episodes, records, coverage, sequential tests, verdicts;
 - :class:`~pytest_hud.controller.pool.SimPool` and :class:`~pytest_hud.controller.pool_service.PoolService`: bridges
   and the loopback service workers ask for them; :class:`~.startup.StartupClock`: where the first seconds went;
-- :class:`~pytest_hud.core.results.ResultsWriter`: one flushed line per episode (fsynced within a second), opened on the first; where it
-  goes and when it becomes the baseline (:mod:`~pytest_hud.controller.results_file`);
+- :class:`~pytest_hud.core.results.ResultsWriter`: one flushed line per episode (fsynced within a
+  second), opened on the first; where it goes and when it becomes the baseline
+  (:mod:`~pytest_hud.controller.results_file`);
 - the reports: terminal, JUnit, ``$GITHUB_STEP_SUMMARY`` and HTML (:mod:`~pytest_hud.report`).
 """
 from __future__ import annotations

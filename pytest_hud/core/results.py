@@ -463,8 +463,8 @@ class ResultsWriter:
     disk for it, and at most once every ``sync_interval`` seconds (lines written meanwhile share
     the next): a thread woken for every episode would contend for the GIL with the one that runs
     them (a serial run of 200 CartPole episodes took 7.2-7.9 s with an fsync per episode, 5.3 s
-    with one a second). A machine that loses power may lose the last interval's lines; a killed run loses
-    none. :meth:`close` waits for the last fsync."""
+    with one a second). A machine that loses power may lose the last interval's lines; a killed
+    run loses none. :meth:`close` waits for the last fsync."""
 
     sync_interval = 1.0
 
@@ -477,9 +477,9 @@ class ResultsWriter:
         if mode == "a":
             _drop_torn_tail(self.path)  # a killed run may have left half a line: never glue onto it
         self._fh = open(self.path, mode, encoding="utf-8")
-        self._unsynced = threading.Condition()  # guards _dirty and _closing; wakes the syncer
-        self._dirty = self._closing = False
-        self._closed = threading.Event()  # ends the syncer's pause between fsyncs (writes do not)
+        self._unsynced = threading.Condition()  # guards _dirty; wakes the syncer
+        self._dirty = False
+        self._closed = threading.Event()  # set by close(): also ends the syncer's pause between fsyncs
         self._syncer = threading.Thread(target=self._sync_loop, name="hud-results-fsync", daemon=True)
         self._syncer.start()
         if mode == "w":
@@ -503,7 +503,7 @@ class ResultsWriter:
         fd = self._fh.fileno()
         while True:
             with self._unsynced:
-                while not (self._dirty or self._closing):
+                while not (self._dirty or self._closed.is_set()):
                     self._unsynced.wait()
                 if not self._dirty:
                     return
@@ -537,10 +537,9 @@ class ResultsWriter:
     def close(self) -> None:
         """Wait for the last fsync, then close the file."""
         if not self._fh.closed:
-            with self._unsynced:
-                self._closing = True
-                self._unsynced.notify()
             self._closed.set()
+            with self._unsynced:
+                self._unsynced.notify()
             self._syncer.join()
             self._fh.close()
 
