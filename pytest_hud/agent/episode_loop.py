@@ -51,6 +51,32 @@ def features(frame: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in frame.items() if k not in RESERVED_KEYS}
 
 
+def _viewer(first: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """:func:`features` for the frames of the episode that ``first`` begins, whose layout never
+    changes (a skipped render leaves the last image in place): their feature keys are taken once,
+    so a step's view picks them instead of testing every key. A frame without one of them gets
+    :func:`features` itself."""
+    keys = tuple(k for k in first if k not in RESERVED_KEYS)
+    if len(keys) == 1:
+        (key,) = keys
+
+        def one(frame: Mapping[str, Any]) -> dict[str, Any]:
+            try:
+                return {key: frame[key]}
+            except KeyError:
+                return features(frame)
+
+        return one
+
+    def some(frame: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            return {k: frame[k] for k in keys}
+        except KeyError:
+            return features(frame)
+
+    return some
+
+
 def as_chunk(output: Any, contract: Contract) -> np.ndarray:
     """Normalise a model's output to ``[T, *action_shape]``."""
     return _Chunker(contract)(output)
@@ -59,12 +85,13 @@ def as_chunk(output: Any, contract: Contract) -> np.ndarray:
 class _Chunker:
     """:func:`as_chunk` for one contract, its action's shape worked out once (the loop asks every step)."""
 
-    __slots__ = ("rank", "one", "dim", "discrete")
+    __slots__ = ("rank", "shape", "one", "dim", "discrete")
 
     def __init__(self, contract: Contract) -> None:
         action = contract.action
         self.rank = len(action.shape)
-        self.one = (1,) + tuple(action.shape)  # a chunk of one action
+        self.shape = tuple(action.shape)
+        self.one = (1,) + self.shape  # a chunk of one action
         self.dim = contract.action_dim
         self.discrete = action.type == "discrete"
 
@@ -75,6 +102,17 @@ class _Chunker:
                 return arr.reshape(1, 1)
             return arr.reshape(self.one) if arr.size == self.dim else arr[None]
         return arr
+
+    def single(self, output: Any) -> np.ndarray | None:
+        """The one action ``output`` is, as row 0 of its chunk of one would be; None when
+        ``output`` is a chunk (the loop queues its rest). Most policies answer one action a step,
+        which then costs no chunk array, no slice and no queue."""
+        arr = output if type(output) is np.ndarray else np.asarray(output)
+        if arr.ndim > self.rank:
+            return None
+        if self.discrete and arr.size == 1:
+            return arr.reshape(1)
+        return arr.reshape(self.shape) if arr.size == self.dim else arr
 
 
 class EpisodeLoop:
@@ -122,16 +160,23 @@ class EpisodeLoop:
         self._action: np.ndarray | None = None
         self._spent = 0.0  # planning time charged to the action in flight
         self._chunk = _Chunker(contract)
+        self._view: Callable[[Mapping[str, Any]], dict[str, Any]] = features  # begin() specialises it
+        self._singles = n_action_steps is None or n_action_steps >= 1  # a one-action answer needs no queue
         # every frame's images are read by a should_stop or an observer that reads images (videos of
         # every episode, datasets; a trace reads no image: ``reads_images = False``; videos of failed
         # episodes take theirs from a replay and are not among these observers)
         self._reads_all = should_stop is not None or any(
             getattr(o, "reads_images", True) for o in self.observers)
         self.tape = tape  # what a replay needs: the actions given, the frames rendered
-        self._hint = True  # reads_next as the shell sent it with the action in flight
+        #: whether anyone reads the images of the observation the action in flight brings: the
+        #: model does when its chunk is used up (it plans on that frame), observers and
+        #: ``should_stop`` read every frame. The shells send it with the action, so the sim skips
+        #: renders no one reads (:mod:`pytest_hud.sim.renders`); set by each action given.
+        self.reads_next = True
 
     def begin(self, frame: Mapping[str, Any]) -> np.ndarray | None:
         """The episode's first observation; returns the first action (None: nothing to do)."""
+        self._view = _viewer(frame)
         if self.tape is not None:
             self.tape.started(frame)
         for obs in self.observers:
@@ -144,31 +189,23 @@ class EpisodeLoop:
             raise RuntimeError("observe() before begin() returned an action")
         self.steps += 1
         if self.tape is not None:
-            self.tape.observed(self._action, frame, self._hint)
+            self.tape.observed(self._action, frame, self.reads_next)
         for obs in self.observers:
             obs.on_step(self._action, frame, self._spent)
         return self._next(frame)
-
-    @property
-    def reads_next(self) -> bool:
-        """Whether anyone reads the images of the observation the action in flight brings: the
-        model does when its chunk is used up (it plans on that frame), observers and ``should_stop``
-        read every frame. The shells send it with the action, so the sim skips renders no one reads
-        (:mod:`pytest_hud.sim.renders`)."""
-        return self._reads_all or not self.queue
 
     def _next(self, frame: Mapping[str, Any]) -> np.ndarray | None:
         self._action = None
         if frame["terminated"] or self.steps >= self.limit:
             return None
-        if self.should_stop is not None and self.should_stop(features(frame), self.steps):
+        if self.should_stop is not None and self.should_stop(self._view(frame), self.steps):
             return None
         if self.queue:
             self._spent = 0.0
             self._action = self.queue.popleft()
         else:
             self._action = self._plan(frame)
-        self._hint = self.reads_next
+        self.reads_next = self._reads_all or not self.queue
         return self._action
 
     def _plan(self, frame: Mapping[str, Any]) -> np.ndarray:
@@ -182,15 +219,18 @@ class EpisodeLoop:
         armed = limit is not None and _WATCHDOG.arm(
             limit + 5.0, "--hud-first-action-timeout" if first else "--hud-step-timeout")
         try:
-            output = self.model.predict(features(frame), self.prompt)
+            output = self.model.predict(self._view(frame), self.prompt)
         except PolicyTimeout as exc:
             raise EpisodeError(str(exc)) from None
         finally:
             if armed:
                 _WATCHDOG.disarm()
-        chunk = self._chunk(output)
+        action = self._chunk.single(output) if self._singles else None
         self._spent = spent = time.perf_counter() - t0
         self.inference_s += spent
+        if action is not None:
+            return action
+        chunk = self._chunk(output)
         if self.n_action_steps is not None:
             chunk = chunk[: self.n_action_steps]
         if len(chunk) == 0:

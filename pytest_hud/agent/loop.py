@@ -136,9 +136,12 @@ class Agent:
         # observers that take their frames from a replay do not make the episode render every step
         # (a replay needs the seed the episode was claimed with, and a sim that replays exactly);
         # a sim without cameras has no image to skip or replay, so its episodes keep no tape
+        # and an observer of camera frames alone (``cameras_only``) has nothing to see in it
         cameras = getattr(episode.contract, "cameras", None)
         can_replay = self._taping() and episode.seed is not None and cameras
         replaying = [o for o in self.observers if getattr(o, "replays", False)] if can_replay else []
+        watching = [o for o in self.observers if not any(o is r for r in replaying)
+                    and (cameras or not getattr(o, "cameras_only", False))]
         return EpisodeLoop(
             self.model,
             episode.contract,
@@ -148,7 +151,7 @@ class Agent:
             should_stop=self.should_stop,
             first_action_timeout=self.first_action_timeout,
             step_timeout=self.step_timeout,
-            observers=[o for o in self.observers if not any(o is r for r in replaying)],
+            observers=watching,
             episode=episode,
             tape=Tape(replaying) if replaying else None,
         )

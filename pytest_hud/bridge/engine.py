@@ -121,6 +121,7 @@ class BridgeEngine:
         self.start_together = min(start_together, width)  # 0 or 1: every episode starts at once
         self.lanes = lanes  # the parallel lane of each slot (None: slots step one after another)
         self.contract, self.wave, self.tick = contract, wave, tick
+        self._coerce = contract.action_coercer()  # an action's check, per action
         self.isolates = isolates and not wave  # an env's exception is its slot's alone (FaultRules.faulted)
         self._wave_resetting = False  # a wave reset is planned and not applied yet
         self.timeouts = timeouts or Timeouts()
@@ -395,7 +396,7 @@ class BridgeEngine:
             got = _describe(action_frame)
             raise self.refuse_action(slot, f"an action frame is {{'actions': array}}, got {got}")
         try:
-            action = self.contract.coerce_action(action_frame["actions"])
+            action = self._coerce(action_frame["actions"])
         except ContractError as exc:
             raise self.refuse_action(slot, str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - numpy refuses some values (ragged lists): the agent's error

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +193,37 @@ class Contract:
                     f"feature {key!r}: contract lists {len(want.names)} names for shape "
                     f"{want.shape}"
                 )
+
+    def action_coercer(self) -> Callable[[Any], np.ndarray | int]:
+        """:meth:`coerce_action` for this contract's action as it is now, for the per-step path: an
+        action that already has the right kind (an integer array of one value in range for a
+        discrete action; an array of the contract's dtype and shape, finite, for a box) passes
+        after the checks it needs, its feature's fields read once; anything else goes through
+        :meth:`coerce_action`, with its conversions and its errors."""
+        feat, general = self.action, self.coerce_action
+        if feat.type == "discrete" and feat.low is not None and feat.high is not None:
+            low, high = feat.low[0], feat.high[0]
+
+            def discrete(action: Any) -> np.ndarray | int:
+                if type(action) is np.ndarray and action.size == 1 and action.dtype.kind in "iu":
+                    value = action.item()
+                    if low <= value <= high:
+                        return value
+                return general(action)
+
+            return discrete
+        if feat.type in ("multi_discrete", "multi_binary"):
+            return general
+        dtype, shape = np.dtype(feat.dtype), tuple(feat.shape)
+        small = math.prod(shape) <= 64 and dtype.kind in "fiu"
+
+        def box(action: Any) -> np.ndarray | int:
+            if (small and type(action) is np.ndarray and action.dtype == dtype and action.shape == shape
+                    and math.isfinite(sum(action.ravel().tolist()))):
+                return action
+            return general(action)
+
+        return box
 
     def coerce_action(self, action: Any) -> np.ndarray | int:
         """Turn one slot's wire action into what the env's single action space expects: a Python

@@ -199,6 +199,10 @@ class VideoRecorder:
         self._executor: ThreadPoolExecutor | None = None
         self._warm = False  # PyAV imported (or its import queued) on the encoding thread
 
+    #: it keeps camera frames and nothing else: an episode whose contract has no camera does not
+    #: call it at every step (:meth:`pytest_hud.agent.loop.Agent._start`)
+    cameras_only = True
+
     # --------------------------------------------------------------- naming
     def label_next(self, task: str, episode: str) -> None:
         """Name the next episode's files ``<safe task>__<episode>[__<camera>].mp4``."""

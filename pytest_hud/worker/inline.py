@@ -14,6 +14,7 @@ or the width (``tests/e2e/test_inline_sims.py`` runs the same episodes both ways
 from __future__ import annotations
 
 import json
+import math
 import time
 import traceback
 from typing import Any
@@ -34,6 +35,24 @@ __all__ = ["AsyncInlineSlot", "InlineBridge", "InlineSlot"]
 
 _OWNER = 0  # the one "control connection": this worker
 _ONE = np.ones(1, bool)  # the step mask of the one slot
+
+
+_REWARDS: dict[float, np.float32] = {}  # the float32 of rewards seen (a sim gives few distinct ones)
+_ZEROS = (np.float32(0.0), np.float32(-0.0))
+
+
+def _float32(reward: float) -> np.float32:
+    """``np.float32(reward)``, as the wire gives a reward, from a cache of the values seen (numpy
+    scalars are immutable, so frames may share one): a cheap sim's step costs little more than
+    making one. Zero is looked up by its sign (-0.0 == 0.0 as a key); NaN is never found, and
+    the cache stops growing at 256 values."""
+    r32 = _REWARDS.get(reward)
+    if r32 is not None:
+        return r32 if reward != 0.0 else _ZEROS[math.copysign(1.0, reward) < 0]
+    r32 = np.float32(reward)
+    if len(_REWARDS) < 256:
+        _REWARDS[reward] = r32
+    return r32
 
 
 class InlineBridge:
@@ -58,6 +77,7 @@ class InlineBridge:
         except BaseException:
             self.sim.close()
             raise
+        self.coerce = self._contract.action_coercer()  # an action's check, per step
         self.info = {"inline": True, "width": 1, "target": target, "build": build, "vectorization": "inline"}
         self.started = time.monotonic()
 
@@ -139,7 +159,7 @@ class InlineSlot:
         self._hold = engine.tick_rules.hold_action
         self._batch_shape = (1, *self._hold.shape)
         # looked up once per episode, not per step: the step is most of a cheap sim's cost
-        self._coerce, self._counts = engine.contract.coerce_action, engine.tick_rules
+        self._coerce, self._counts = bridge.coerce, engine.tick_rules
         self._rows = tuple(sim.observe().items()) if self._env is not None else None
         # an observation that is one array (no dict) of the row's dtype and shape is copied into the
         # frame as it is (what the row would hold), not written into the row and copied out of it
@@ -208,16 +228,16 @@ class InlineSlot:
         counts.slot_steps += 1
         done = terminated or truncated
         slot.took_step(reward, success, None if score is None else float(score), done, terminated, truncated)
-        frame: dict[str, Any] = {}
         if obs is not None:
             obs.setflags(write=False)
-            frame[self._bare[0]] = obs
+            frame: dict[str, Any] = {self._bare[0]: obs}
         else:
+            frame = {}
             for key, rows in self._rows or self.bridge.sim.observe().items():
                 row = rows[0].copy()
                 row.setflags(write=False)
                 frame[key] = row
-        frame["reward"] = np.float32(reward)
+        frame["reward"] = _float32(reward)
         frame["terminated"], frame["truncated"], frame["success"] = done, truncated, slot.success
         return frame
 

@@ -389,3 +389,70 @@ def test_a_bridge_error_names_its_slot_once(bridge_said, shown):
         with agent._reporting(SimpleNamespace(slot=1), SimpleNamespace(tape=None)):
             raise BridgeError(bridge_said)
     assert str(caught.value) == shown
+
+
+@pytest.mark.parametrize("action", [
+    Feature("action", "action", "box", "float32", (2,)),
+    Feature("action", "action", "box", "float32", ()),
+    Feature("action", "action", "discrete", "int64", (1,), low=[0.0], high=[3.0]),
+])
+@pytest.mark.parametrize("output", [
+    0, 2.0, np.int64(1), [0.5], [0.25, 0.75], np.zeros(2, np.float32), np.zeros((1, 2)), np.arange(6.0).reshape(3, 2),
+    np.float32(0.5), np.zeros((2, 1)),
+])
+def test_a_one_action_answer_is_the_action_a_chunk_of_one_would_give(action, output):
+    """``single`` skips the chunk array: its action is row 0 of ``as_chunk`` (shape, dtype and
+    values), and it says None exactly when the answer is a chunk the loop must queue."""
+    contract = Contract(features={"state": CONTRACT.features["state"], "action": action})
+    chunk = as_chunk(output, contract)
+    one = episode_loop._Chunker(contract).single(output)
+    if one is None:
+        assert np.asarray(output).ndim > len(action.shape)
+    else:
+        assert one.shape == chunk[0].shape and one.dtype == chunk[0].dtype
+        np.testing.assert_array_equal(one, chunk[0])
+
+
+def test_a_model_that_answers_one_action_a_step_is_asked_every_step_and_its_time_counted():
+    calls = []
+
+    class OneAction:
+        def predict(self, observation, prompt=None):
+            calls.append(observation)
+            time.sleep(0.002)
+            return [float(len(calls)), 0.0]
+
+    loop = EpisodeLoop(OneAction(), CONTRACT, max_steps=3)
+    actions = [loop.begin(frame(0.0))]
+    while actions[-1] is not None:
+        actions.append(loop.observe(frame(float(len(actions)))))
+    assert [a.tolist() for a in actions[:-1]] == [[1.0, 0.0], [2.0, 0.0], [3.0, 0.0]]
+    assert len(calls) == 3 and not loop.queue and loop.steps == 3
+    assert loop.inference_s >= 0.006
+
+
+def test_an_observer_of_camera_frames_alone_is_not_called_for_a_sim_without_cameras():
+    from types import SimpleNamespace
+
+    from pytest_hud.agent import Agent
+
+    class Watcher:
+        def __init__(self, cameras_only):
+            self.cameras_only, self.steps = cameras_only, 0
+
+        def on_start(self, episode, observation):
+            pass
+
+        def on_step(self, action, observation, inference_s):
+            self.steps += 1
+
+        def on_end(self, episode, result, error):
+            pass
+
+    videos, trace = Watcher(True), Watcher(False)
+    agent = Agent(Chunker(), observers=[videos, trace])
+    with_camera = Contract(features={**CONTRACT.features,
+                                     "image": Feature("image", "observation", "rgb", "uint8", (4, 4, 3))})
+    for contract, watching in ((CONTRACT, [trace]), (with_camera, [videos, trace])):
+        episode = SimpleNamespace(token="t", seed=None, contract=contract, prompt=None)
+        assert agent._start(episode, 2).observers == watching

@@ -93,3 +93,38 @@ def test_unbounded_spaces_save_as_strict_json_and_load_back(tmp_path):
     text = json.dumps(c.to_dict(), allow_nan=False)  # raises if Infinity slipped through
     loaded = Contract.from_dict(json.loads(text))
     assert loaded.features["state"].low[1] == float("-inf") and loaded.features["state"].high[1] == float("inf")
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("action", [
+    {"type": "discrete", "dtype": "int64", "shape": [1], "low": [0], "high": [2]},
+    {"type": "box", "dtype": "float32", "shape": [2], "low": [-1, -1], "high": [1, 1]},
+    {"type": "box", "dtype": "float64", "shape": [], "low": [-1], "high": [1]},
+    {"type": "box", "dtype": "float32", "shape": [80]},
+    {"type": "multi_discrete", "dtype": "int64", "shape": [2]},
+])
+@pytest.mark.parametrize("given", [
+    np.array([1]), np.array([5]), np.array([-1]), np.array([1.0]), np.array([1.5]), np.array([True]),
+    1, 2.0, np.uint8(2), np.zeros(2, np.float32), np.array([0.5, np.nan], np.float32),
+    np.array([np.inf, -np.inf]), np.full(2, 3e38, np.float32), np.zeros(2), np.zeros((1, 2), np.float32),
+    np.float64(0.25), np.zeros(80, np.float32), np.array(["a"]), [1, 2],
+])
+def test_the_per_step_coercer_gives_what_coerce_action_gives_or_its_error(action, given):
+    """``action_coercer`` is a shortcut for actions already of the right kind: for any action it
+    returns what ``coerce_action`` returns (value, type, dtype), or raises the same error."""
+    contract = Contract.from_dict({"features": {"action": {"role": "action", "names": [], **action}}})
+    fast = contract.action_coercer()
+    try:
+        want = contract.coerce_action(given)
+    except Exception as exc:  # noqa: BLE001 - the same error either way
+        with pytest.raises(type(exc)) as caught:
+            fast(given)
+        assert str(caught.value) == str(exc)
+        return
+    got = fast(given)
+    assert type(got) is type(want)
+    if isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert got == want

@@ -82,3 +82,15 @@ def test_each_step_frame_is_a_read_only_copy_of_the_contract_dtype(sims, factory
         assert grade["steps"] == 3 and grade["total_reward"] == 3.0
     finally:
         bridge.close()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("reward", [0.0, -0.0, 1.0, -1.0, 0.1, 1e-50, 1e300, float("nan"), float("inf"), 2.5])
+def test_a_frame_reward_is_the_float32_the_wire_gives_whether_cached_or_not(reward):
+    from pytest_hud.worker.inline import _float32
+
+    for _ in range(3):  # the first call fills the cache, the later ones read it
+        got = _float32(reward)
+        want = np.float32(reward)
+        assert type(got) is np.float32
+        assert got.tobytes() == want.tobytes()  # bit for bit: the sign of zero, NaN, overflow to inf
