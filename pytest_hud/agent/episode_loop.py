@@ -278,15 +278,15 @@ class _Watchdog:
     def arm(self, seconds: float, option: str) -> bool:
         """A model call starts; returns whether it is watched (False off the main thread, or
         when something else owns SIGALRM, e.g. pytest-timeout)."""
-        if threading.get_ident() != _MAIN_THREAD:
+        if _get_ident() != _MAIN_THREAD:
             return False  # signals reach the main thread only
-        if _signal.getsignal(_signal.SIGALRM) is not self._handler:
+        if _getsignal(_SIGALRM) is not self._handler:
             if _signal.getsignal(_signal.SIGALRM) not in (_signal.SIG_DFL, None):
                 return False
             _signal.signal(_signal.SIGALRM, self._handler)
             self.installed, self.due = True, None
         self.seconds, self.option = seconds, option
-        now = time.monotonic()
+        now = _monotonic()
         self.deadline = now + seconds
         # (a timer overdue and not seen: something else used ITIMER_REAL meanwhile; set ours again)
         if self.due is None or self.due > self.deadline or self.due < now - 1.0:
@@ -324,7 +324,9 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
-_MAIN_THREAD = threading.main_thread().ident  # asked before every model call: looked up once
+# asked before every model call: looked up once
+_MAIN_THREAD = threading.main_thread().ident
+_get_ident, _getsignal, _SIGALRM, _monotonic = threading.get_ident, _signal.getsignal, _signal.SIGALRM, time.monotonic
 
 
 @contextlib.contextmanager

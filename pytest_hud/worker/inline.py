@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import traceback
 from typing import Any
@@ -34,6 +35,7 @@ from pytest_hud.wire.codec import packb, unpack_action
 __all__ = ["AsyncInlineSlot", "InlineBridge", "InlineSlot"]
 
 _OWNER = 0  # the one "control connection": this worker
+_refs = sys.getrefcount
 _ONE = np.ones(1, bool)  # the step mask of the one slot
 
 
@@ -206,7 +208,12 @@ class InlineSlot:
                 obs, reward, terminated, truncated, info = self._env.step(action)
                 bare = self._bare
                 if bare is not None and type(obs) is np.ndarray and obs.dtype == bare[1] and obs.shape == bare[2]:
-                    obs = obs.copy()  # the frame's feature as it is: not written into the row and copied out
+                    # the frame's feature as it is (not written into the row and copied out), copied
+                    # unless no one else can reach it: an array that owns its memory (no base) and
+                    # is referenced only here (this name and getrefcount's argument) is a fresh one
+                    # the env kept no hold of (CartPole makes one each step)
+                    if obs.base is not None or _refs(obs) > 2:
+                        obs = obs.copy()
                 else:
                     self.bridge.sim._write_row(0, obs)  # the dtype, shape and keys a bridge's row gives it
                     obs = None
@@ -229,13 +236,13 @@ class InlineSlot:
         done = terminated or truncated
         slot.took_step(reward, success, None if score is None else float(score), done, terminated, truncated)
         if obs is not None:
-            obs.setflags(write=False)
+            obs.setflags(False)  # write=False (a keyword costs as much as the call)
             frame: dict[str, Any] = {self._bare[0]: obs}
         else:
             frame = {}
             for key, rows in self._rows or self.bridge.sim.observe().items():
                 row = rows[0].copy()
-                row.setflags(write=False)
+                row.setflags(False)
                 frame[key] = row
         frame["reward"] = _float32(reward)
         frame["terminated"], frame["truncated"], frame["success"] = done, truncated, slot.success

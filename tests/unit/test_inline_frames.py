@@ -1,7 +1,8 @@
 """A worker's own env (``--hud-inline``) hands the agent the frame a bridge would: each feature a
 read-only copy of the contract's dtype and shape, whether the env's observation already has them
-(copied as it is) or not (cast through the sim's row, as the bridge's row casts it), never the
-env's own array."""
+(copied as it is) or not (cast through the sim's row, as the bridge's row casts it), never an
+array the env can still reach (one it made for this step and holds no reference to is not copied
+again)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,36 @@ def cast():  # declares float32, returns float64: the row casts it
     return Counter(returned="float64")
 
 
+class Handed(Counter):
+    """Hands out a new array each step (``"fresh"``), a new one it also keeps and later changes in
+    place (``"kept"``), or a view of its state (``"view"``)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how, self.kept = how, None
+
+    def step(self, action):
+        if self.kept is not None:
+            self.kept += 100.0  # the env's own hold on what it handed out: no frame may see this
+        state, *rest = super().step(action)
+        out = state[:] if self.how == "view" else state.copy()
+        if self.how == "kept":
+            self.kept = out
+        return (out, *rest)
+
+
+def fresh():
+    return Handed("fresh")
+
+
+def kept():
+    return Handed("kept")
+
+
+def view():
+    return Handed("view")
+
+
 def keyed():  # a dict observation: one feature per key
     class Keyed(gym.ObservationWrapper):
         def __init__(self, env):
@@ -60,7 +91,7 @@ def sims(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("factory", ["same", "cast", "keyed"])
+@pytest.mark.parametrize("factory", ["same", "cast", "keyed", "fresh", "kept", "view"])
 def test_each_step_frame_is_a_read_only_copy_of_the_contract_dtype(sims, factory):
     bridge = InlineBridge(f"{sims}:{factory}", {})
     try:
