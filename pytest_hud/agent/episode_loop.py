@@ -85,7 +85,7 @@ def as_chunk(output: Any, contract: Contract) -> np.ndarray:
 class _Chunker:
     """:func:`as_chunk` for one contract, its action's shape worked out once (the loop asks every step)."""
 
-    __slots__ = ("rank", "shape", "one", "dim", "discrete")
+    __slots__ = ("rank", "shape", "one", "dim", "discrete", "_choices")
 
     def __init__(self, contract: Contract) -> None:
         action = contract.action
@@ -94,6 +94,7 @@ class _Chunker:
         self.one = (1,) + self.shape  # a chunk of one action
         self.dim = contract.action_dim
         self.discrete = action.type == "discrete"
+        self._choices: dict[int, np.ndarray] = {}  # a discrete policy's int answers, as actions
 
     def __call__(self, output: Any) -> np.ndarray:
         arr = np.asarray(output)
@@ -106,12 +107,26 @@ class _Chunker:
     def single(self, output: Any) -> np.ndarray | None:
         """The one action ``output`` is, as row 0 of its chunk of one would be; None when
         ``output`` is a chunk (the loop queues its rest). Most policies answer one action a step,
-        which then costs no chunk array, no slice and no queue."""
+        which then costs no chunk array, no slice and no queue.
+
+        A discrete policy's answer as a Python ``int`` becomes a read-only action array kept per
+        value (making one costs more than the rest of the step's bookkeeping together); an array
+        of the action's shape is the action itself, as row 0 of a chunk would be a view of it."""
+        if type(output) is int and self.discrete:
+            action = self._choices.get(output)
+            if action is None:
+                action = np.asarray(output).reshape(1)
+                action.setflags(write=False)
+                if len(self._choices) < 1024:
+                    self._choices[output] = action
+            return action
         arr = output if type(output) is np.ndarray else np.asarray(output)
         if arr.ndim > self.rank:
             return None
         if self.discrete and arr.size == 1:
             return arr.reshape(1)
+        if arr.shape == self.shape:
+            return arr
         return arr.reshape(self.shape) if arr.size == self.dim else arr
 
 

@@ -200,14 +200,15 @@ class Contract:
         discrete action; an array of the contract's dtype and shape, finite, for a box) passes
         after the checks it needs, its feature's fields read once; anything else goes through
         :meth:`coerce_action`, with its conversions and its errors."""
-        feat, general = self.action, self.coerce_action
+        feat, general, ndarray = self.action, self.coerce_action, np.ndarray
         if feat.type == "discrete" and feat.low is not None and feat.high is not None:
-            low, high = feat.low[0], feat.high[0]
+            # (whole bounds compare as ints: an int against a float costs more)
+            low, high = (int(b) if math.isfinite(b) and b == int(b) else b for b in (feat.low[0], feat.high[0]))
 
             def discrete(action: Any) -> np.ndarray | int:
-                if type(action) is np.ndarray and action.size == 1 and action.dtype.kind in "iu":
-                    value = action.item()
-                    if low <= value <= high:
+                if type(action) is ndarray and action.size == 1:
+                    value = action.item()  # an integer array's is an int (a bool's is not)
+                    if type(value) is int and low <= value <= high:
                         return value
                 return general(action)
 
@@ -215,11 +216,13 @@ class Contract:
         if feat.type in ("multi_discrete", "multi_binary"):
             return general
         dtype, shape = np.dtype(feat.dtype), tuple(feat.shape)
-        small = math.prod(shape) <= 64 and dtype.kind in "fiu"
+        if math.prod(shape) > 64 or dtype.kind not in "fiu":
+            return general
+        flat = len(shape) == 1  # tolist() gives the values themselves
 
         def box(action: Any) -> np.ndarray | int:
-            if (small and type(action) is np.ndarray and action.dtype == dtype and action.shape == shape
-                    and math.isfinite(sum(action.ravel().tolist()))):
+            if (type(action) is ndarray and action.dtype == dtype and action.shape == shape
+                    and math.isfinite(sum(action.tolist() if flat else action.ravel().tolist()))):
                 return action
             return general(action)
 

@@ -456,3 +456,17 @@ def test_an_observer_of_camera_frames_alone_is_not_called_for_a_sim_without_came
     for contract, watching in ((CONTRACT, [trace]), (with_camera, [videos, trace])):
         episode = SimpleNamespace(token="t", seed=None, contract=contract, prompt=None)
         assert agent._start(episode, 2).observers == watching
+
+
+def test_a_discrete_policys_int_answers_are_read_only_actions_kept_per_value():
+    discrete = Contract(features={
+        "state": CONTRACT.features["state"],
+        "action": Feature("action", "action", "discrete", "int64", (1,), low=[0.0], high=[2.0]),
+    })
+    chunker = episode_loop._Chunker(discrete)
+    first = [chunker.single(v) for v in (0, 1, 2, 1)]
+    assert [a.tolist() for a in first] == [[0], [1], [2], [1]]
+    assert all(not a.flags.writeable and a.dtype == np.asarray(0).dtype for a in first)
+    assert first[1] is first[3]  # one array per value, made once
+    assert chunker.single(np.int64(1)) is not first[1]  # a numpy integer is made as before
+    assert chunker.single(True).dtype == np.bool_  # a bool is not an int here: made as before
