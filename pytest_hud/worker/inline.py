@@ -36,6 +36,9 @@ __all__ = ["AsyncInlineSlot", "InlineBridge", "InlineSlot"]
 
 _OWNER = 0  # the one "control connection": this worker
 _refs = sys.getrefcount
+# what it says of an array held by one local name: from 3.14 the interpreter may leave references
+# it borrows uncounted, so a count no longer proves that no one else holds the array (0: copy always)
+_SOLE = 2 if sys.version_info < (3, 14) else 0
 _ONE = np.ones(1, bool)  # the step mask of the one slot
 
 
@@ -212,7 +215,7 @@ class InlineSlot:
                     # unless no one else can reach it: an array that owns its memory (no base) and
                     # is referenced only here (this name and getrefcount's argument) is a fresh one
                     # the env kept no hold of (CartPole makes one each step)
-                    if obs.base is not None or _refs(obs) > 2:
+                    if obs.base is not None or _refs(obs) > _SOLE:
                         obs = obs.copy()
                 else:
                     self.bridge.sim._write_row(0, obs)  # the dtype, shape and keys a bridge's row gives it
