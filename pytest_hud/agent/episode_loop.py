@@ -110,7 +110,7 @@ class _Chunker:
         which then costs no chunk array, no slice and no queue.
 
         A discrete policy's answer as a Python ``int`` becomes a read-only action array kept per
-        value (making one costs more than the rest of the step's bookkeeping together); an array
+        value (making one cost a sixth of a CartPole step's bookkeeping in the worker); an array
         of the action's shape is the action itself, as row 0 of a chunk would be a view of it."""
         if type(output) is int and self.discrete:
             action = self._choices.get(output)
