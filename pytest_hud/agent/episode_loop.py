@@ -83,26 +83,23 @@ def as_chunk(output: Any, contract: Contract) -> np.ndarray:
 
 
 class _Chunker:
-    """:func:`as_chunk` for one contract, its action's shape worked out once (the loop asks every step)."""
+    """:func:`as_chunk` for one contract, its action's shape worked out once (the loop asks every
+    step): :meth:`single` reads an answer of one action (``[A]`` or a scalar), which the chunk
+    puts under a new first axis; a ``[T, A]`` answer is a chunk as it is."""
 
-    __slots__ = ("rank", "shape", "one", "dim", "discrete", "_choices")
+    __slots__ = ("rank", "shape", "dim", "discrete", "_choices")
 
     def __init__(self, contract: Contract) -> None:
         action = contract.action
         self.rank = len(action.shape)
         self.shape = tuple(action.shape)
-        self.one = (1,) + self.shape  # a chunk of one action
         self.dim = contract.action_dim
         self.discrete = action.type == "discrete"
         self._choices: dict[int, np.ndarray] = {}  # a discrete policy's int answers, as actions
 
     def __call__(self, output: Any) -> np.ndarray:
-        arr = np.asarray(output)
-        if arr.ndim <= self.rank:
-            if self.discrete and arr.size == 1:
-                return arr.reshape(1, 1)
-            return arr.reshape(self.one) if arr.size == self.dim else arr[None]
-        return arr
+        action = self.single(output)
+        return np.asarray(output) if action is None else action[None]
 
     def single(self, output: Any) -> np.ndarray | None:
         """The one action ``output`` is, as row 0 of its chunk of one would be; None when
@@ -295,8 +292,9 @@ class _Watchdog:
         when something else owns SIGALRM, e.g. pytest-timeout)."""
         if _get_ident() != _MAIN_THREAD:
             return False  # signals reach the main thread only
-        if _getsignal(_SIGALRM) is not self._handler:
-            if _signal.getsignal(_signal.SIGALRM) not in (_signal.SIG_DFL, None):
+        current = _getsignal(_SIGALRM)
+        if current is not self._handler:
+            if current not in (_signal.SIG_DFL, None):
                 return False
             _signal.signal(_signal.SIGALRM, self._handler)
             self.installed, self.due = True, None

@@ -401,10 +401,24 @@ def test_a_bridge_error_names_its_slot_once(bridge_said, shown):
     np.float32(0.5), np.zeros((2, 1)),
 ])
 def test_a_one_action_answer_is_the_action_a_chunk_of_one_would_give(action, output):
-    """``single`` skips the chunk array: its action is row 0 of ``as_chunk`` (shape, dtype and
-    values), and it says None exactly when the answer is a chunk the loop must queue."""
+    """``single`` skips the chunk array: its action is row 0 of the chunk a model's answer is
+    (shape, dtype and values; ``chunk_of`` below: ``[A]`` or a scalar is a chunk of one, ``[T, A]``
+    is as it is), and it says None exactly when the answer is a chunk the loop must queue. And
+    ``as_chunk`` is that chunk."""
     contract = Contract(features={"state": CONTRACT.features["state"], "action": action})
-    chunk = as_chunk(output, contract)
+
+    def chunk_of(output):  # the rule, written out independently of the loop's code
+        arr = np.asarray(output)
+        if arr.ndim > len(action.shape):
+            return arr
+        if action.type == "discrete" and arr.size == 1:
+            return arr.reshape(1, 1)
+        return arr.reshape((1, *action.shape)) if arr.size == max(1, int(np.prod(action.shape))) else arr[None]
+
+    chunk = chunk_of(output)
+    got = as_chunk(output, contract)
+    assert got.shape == chunk.shape and got.dtype == chunk.dtype
+    np.testing.assert_array_equal(got, chunk)
     one = episode_loop._Chunker(contract).single(output)
     if one is None:
         assert np.asarray(output).ndim > len(action.shape)
