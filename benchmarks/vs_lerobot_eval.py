@@ -41,6 +41,9 @@ episodes, reports):
   when the first worker has collected and declared its tests;
 - ``hud-server-ready`` (not run by default): ``hud-server`` with ``--hud-tick=ready``; ``auto`` ticks
   in lanes with a policy server and env processes (see the tick modes in docs/options.md);
+- ``hud-server-before`` (with ``--before REF``): ``hud-server`` with the ``pytest_hud`` package of git
+  ref ``REF``, run in a tree of its own (``git_ref.tree_with_package``): the code before a change,
+  side by side with the checkout's;
 - ``hud-novideo`` (not run by default): ``hud`` with ``--hud-video=none``;
 - ``lerobot-eval-96``: ``lerobot-eval`` with ``--env.visualization_width=96
   --env.visualization_height=96``, the cheapest videos its CLI allows.
@@ -89,6 +92,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from git_ref import check_package, tree_with_package  # noqa: E402
 from pytest_hud.stats import wilson_interval  # noqa: E402
 
 FIRST_SEED = 1000  # lerobot-eval's default --seed; its batches use seeds seed, seed+1, ...
@@ -106,14 +110,15 @@ WARM = ("import torch, lerobot.configs.policies, lerobot.policies.factory, lerob
         "pytest, xdist.plugin, pytest_hud.plugin, pytest_hud.serving.server")
 
 
-def run_timed(command: list[str], env: dict[str, str], log: Path, python: Path) -> tuple[float, int]:
+def run_timed(command: list[str], env: dict[str, str], log: Path, python: Path,
+              cwd: Path = ROOT) -> tuple[float, int]:
     # Untimed, before every timed command: the same imports both sides make, so neither pays for
     # reading torch's libraries back from disk (this machine's memory reclaim evicts them between
     # runs: one lerobot-eval took 120 s instead of 50, its rollout 47 s).
     subprocess.run([str(python), "-c", WARM], cwd=ROOT, env=env, capture_output=True)
     started = time.perf_counter()
     with open(log, "w") as out:
-        code = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     return time.perf_counter() - started, code
 
 
@@ -167,7 +172,7 @@ def lerobot_eval(python_bin: Path, checkpoint: Path, args, scratch: Path, env: d
 
 
 def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dict[str, str],
-               name: str, extra: list[str]) -> dict:
+               name: str, extra: list[str], tree: Path = ROOT) -> dict:
     results = scratch / f"{name}.jsonl"
     command = [
         str(python_bin), "-m", "pytest", "evals/test_pusht.py", "-n", str(args.width),
@@ -180,7 +185,9 @@ def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dic
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         command[3:3] = ["-p", "xdist.plugin", "-p", "pytest_hud.plugin"]
     log = scratch / f"{name}.log"
-    wall, code = run_timed(command, env, log, python_bin)
+    if tree != ROOT:  # a git ref's package: run in its tree (git_ref.tree_with_package)
+        env = dict(env, PYTHONPATH=os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]))
+    wall, code = run_timed(command, env, log, python_bin, tree)
     row = {"name": name, "command": " ".join(command[2:]), "wall_s": wall, "code": code, "log": log}
     row["startup"] = next((line for line in log.read_text().splitlines() if line.startswith("startup (")), None)
     if results.is_file():
@@ -210,12 +217,16 @@ def main(argv: list[str] | None = None) -> int:
         default=["lerobot-eval", "hud", "hud-1thread", "hud-server", "lerobot-eval-96", "lerobot-eval"],
         choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server", "hud-server-sync",
                  "hud-server-async", "hud-server-processes", "hud-server-processes-lockstep",
-                 "hud-server-processes-ready", "hud-server-threads", "hud-server-ready", "hud-server-named"],
+                 "hud-server-processes-ready", "hud-server-threads", "hud-server-ready", "hud-server-named", "hud-server-before"],
         help="What to run, in this order; repeats allowed (the ratio uses the median lerobot-eval wall time)")
+    parser.add_argument("--before", default=None, metavar="REF",
+                        help="Git ref whose pytest_hud the hud-server-before setup runs (the code before a change)")
     parser.add_argument("--keep", type=Path, default=None, help="Keep logs and outputs here")
     parser.add_argument("--all-plugins", action="store_true",
                         help="Let pytest load every plugin of this venv (by default only xdist and pytest-hud)")
     args = parser.parse_args(argv)
+    if ("hud-server-before" in args.setups) != (args.before is not None):
+        parser.error("--before REF and the hud-server-before setup go together")
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", SDL_VIDEODRIVER="dummy",
                PYGAME_HIDE_SUPPORT_PROMPT="1")
@@ -241,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="vs-lerobot-eval-"))
     rows = []
     try:
+        before = None
+        if args.before:
+            before = tree_with_package(args.before, scratch / "before")
+            check_package(str(args.python), before)
         setups = {
             "lerobot-eval": lambda name: lerobot_eval(args.python, checkpoint, args, scratch, env, name, []),
             "lerobot-eval-96": lambda name: lerobot_eval(
@@ -272,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         ["--hud-policy-server", "--hud-tick=ready"]),
             "hud-server-named": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                         ["--hud-policy-server", f"--hud-policy={checkpoint}"]),
+            "hud-server-before": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                         ["--hud-policy-server"], before),
         }
         seen: dict[str, int] = {}
         for setup in args.setups:

@@ -95,12 +95,13 @@ def offline() -> None:
 
 
 def preload() -> None:
-    """Import what :meth:`LeRobotPolicy.from_checkpoint` imports (torch, torchvision, LeRobot's
-    policy configs and factory: ~3 CPU-seconds), offline. A standby policy server calls it while
-    the run starts (:mod:`pytest_hud.launch.standby`)."""
+    """Import what :meth:`LeRobotPolicy.from_checkpoint` imports before it knows the policy's type
+    (torch, torchvision, LeRobot's config parser and factory: 4-8 CPU-seconds on LeRobot 0.6.1),
+    offline. A standby policy server calls it while the run starts (:mod:`pytest_hud.launch.standby`)."""
     offline()
-    from lerobot.configs.policies import PreTrainedConfig  # noqa: F401
-    from lerobot.policies.factory import get_policy_class, make_pre_post_processors  # noqa: F401
+    from pytest_hud.agent.lerobot_import import import_policy_code
+
+    import_policy_code()
 
 
 def lerobot_feature_name(key: str) -> str:
@@ -242,6 +243,9 @@ class LeRobotPolicy:
                 )
 
         try:
+            from pytest_hud.agent.lerobot_import import import_policy_code
+
+            import_policy_code(json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))["type"])
             from lerobot.configs.policies import PreTrainedConfig
             from lerobot.policies.factory import get_policy_class, make_pre_post_processors
         except ImportError as error:

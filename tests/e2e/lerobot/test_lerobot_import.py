@@ -1,0 +1,75 @@
+"""Loading a checkpoint imports only its own policy type's LeRobot code, and nothing else changes.
+
+Each side runs in a fresh interpreter (what is imported is the point): the shipped ACT loaded
+through :meth:`LeRobotPolicy.from_checkpoint` alone, and the same after ``import lerobot.policies``
+(the whole package, as before). Runs only where LeRobot is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lerobot.policies")
+
+REPO = Path(__file__).resolve().parents[3]
+CHECKPOINT = REPO / "evals" / "checkpoints" / "reach_act" / "final"
+
+SCRIPT = r"""
+import json, sys, threading
+import numpy as np
+if sys.argv[1] == "whole":
+    import lerobot.policies
+from pytest_hud.agent.lerobot import LeRobotPolicy
+
+model = LeRobotPolicy.from_checkpoint(sys.argv[2])
+configs = sorted(k for k in sys.modules if k.startswith("lerobot.policies.") and ".configuration_" in k)
+rng = np.random.default_rng(0)
+observations = [{"state": rng.uniform(0, 1, 4).astype(np.float32)} for _ in range(3)]
+chunks = [c.tolist() for c in model.predict_batch(observations, ["reach"] * 3)]
+
+# the package as a whole, asked for from two threads at once
+found, errors = [], []
+def ask():
+    try:
+        from lerobot.policies import ACTConfig, DiffusionConfig, make_policy  # noqa: F401
+        import lerobot.policies as package
+        found.append(package.ACTConfig is type(model.policy.config) and callable(package.make_policy))
+    except Exception as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=ask) for _ in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+import lerobot.policies as package
+print(json.dumps({"configs": configs, "chunks": chunks, "found": found, "errors": errors,
+                  "has_getattr": "__getattr__" in vars(package), "missing": hasattr(package, "no_such_name")}))
+"""
+
+
+def load(mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(CHECKPOINT)], capture_output=True,
+                         text=True, timeout=300, cwd=REPO, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_checkpoint_loads_with_its_own_policy_code_and_the_package_completes_when_asked():
+    from importlib.metadata import version
+
+    lean, whole = load("lean"), load("whole")
+
+    assert lean["chunks"] == whole["chunks"]  # the same policy, processors and actions, bit for bit
+    assert "lerobot.policies.act.configuration_act" in lean["configs"]
+    if int(version("lerobot").split(".")[0]) > 0 or int(version("lerobot").split(".")[1]) >= 5:
+        # LeRobot >= 0.5: the package's __init__ imports every policy's configuration, the
+        # factory only a few (0.4.4's factory imports them all, so both sides load the same there)
+        assert "lerobot.policies.diffusion.configuration_diffusion" in whole["configs"]
+        assert "lerobot.policies.diffusion.configuration_diffusion" not in lean["configs"]
+        assert len(lean["configs"]) < len(whole["configs"])
+    for side in (lean, whole):  # afterwards the package is whole either way, from any thread
+        assert side["errors"] == [] and side["found"] == [True, True]
+        assert not side["has_getattr"] and side["missing"] is False
