@@ -247,8 +247,8 @@ class Bridges:
             if note:
                 self.notes[f"{_label(key)}: --hud-vectorization={note}"] = None
         address = BridgeAddress.from_dict(dict(service.announce, node=service.node))
-        self.known.learned(key[:2], service.announce)
         inline = inline_choice(spec, target, service.announce, address)
+        self.known.learned(key[:2], service.announce, kept=not inline)
         if inline:
             self.notes[inline] = None
             address = dataclasses.replace(address, inline=inline)

@@ -98,7 +98,9 @@ class KnownSims:
     ``config.cache``, None when the cache provider is off): which (target, build) render no camera
     and are made of separate envs (``earlier``), and how many bridges the last run started (none:
     no standby bridge either). Only a start-up shortcut: a worker checks the sim it builds (see the
-    module). What this run's bridges find is saved for the next run."""
+    module). What this run's bridges find is saved for the next run, and how many of them served
+    episodes (a bridge that only timed a sim the workers then stepped themselves does not count:
+    the next run starts none for that sim)."""
 
     def __init__(self, cache: Any) -> None:
         self.cache = cache
@@ -107,13 +109,14 @@ class KnownSims:
         self.earlier = {tuple(k) for k in saved.get("camera_less", ()) if isinstance(k, list) and len(k) == 2}
         self.last_bridges = saved.get("bridges")
         self._found: dict[tuple[str, str], bool] = {}  # this run's bridges: camera-less or not
-        self.bridges = 0  # started by this run
+        self.bridges = 0  # started by this run and kept for its episodes
         self._lock = threading.Lock()
 
-    def learned(self, key: tuple[str, str], announce: dict[str, Any]) -> None:
-        """What a bridge said of its sim once built (``key``: target and build args as JSON)."""
+    def learned(self, key: tuple[str, str], announce: dict[str, Any], kept: bool = True) -> None:
+        """What a bridge said of its sim once built (``key``: target and build args as JSON);
+        ``kept``: it serves the sim's episodes (False: the workers step their own envs)."""
         with self._lock:
-            self.bridges += 1
+            self.bridges += kept
             self._found[key] = camera_less(announce)
 
     def forget(self, key: tuple[str, str]) -> None:

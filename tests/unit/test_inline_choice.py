@@ -63,3 +63,15 @@ def test_what_this_runs_bridges_found_replaces_what_earlier_runs_found():
     known.learned(("c", "{}"), {**STATE_ONLY})
     known.save()
     assert cache[CACHE_KEY] == {"camera_less": [["b", "{}"], ["c", "{}"]], "bridges": 2}
+
+
+def test_a_bridge_that_only_timed_a_sim_the_workers_step_is_not_counted_for_the_next_run():
+    cache = _Cache()
+    known = KnownSims(cache)  # a first run: nothing known, so the standby bridge starts
+    known.learned(("cartpole", "{}"), {**STATE_ONLY}, kept=False)  # timed, then stopped: inline
+    known.save()
+    again = KnownSims(cache)
+    assert again.earlier == {("cartpole", "{}")} and again.last_bridges == 0  # no standby next time
+    again.learned(("pusht", "{}"), {"cameras": 1, "slot_envs": True})  # a bridge that serves episodes
+    again.save()
+    assert KnownSims(cache).last_bridges == 1
