@@ -75,16 +75,21 @@ _FIX_HINT = (
 def looks_like_lerobot_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` is a folder holding a LeRobot policy (``config.json`` with a policy ``type``,
     and ``model.safetensors``). Reads one small JSON file; imports neither torch nor lerobot."""
-    folder = Path(path)
+    return _checkpoint_type(Path(path)) is not None
+
+
+def _checkpoint_type(folder: Path) -> str | None:
+    """The policy ``type`` of the LeRobot checkpoint in ``folder`` (None: it holds none)."""
     config_file = folder / CONFIG_FILE
     if not (config_file.is_file() and (folder / WEIGHTS_FILE).is_file()):
-        return False
+        return None
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        return False
+        return None
     # transformers checkpoints also have config.json + model.safetensors, keyed "model_type".
-    return isinstance(config, dict) and isinstance(config.get("type"), str)
+    kind = config.get("type") if isinstance(config, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def offline() -> None:
@@ -228,7 +233,8 @@ class LeRobotPolicy:
         observation keys to policy input features where the default naming does not fit.
         """
         folder = Path(path)
-        if not looks_like_lerobot_checkpoint(folder):
+        policy_type = _checkpoint_type(folder)
+        if policy_type is None:
             raise FileNotFoundError(
                 f"{folder} is not a LeRobot checkpoint folder: it needs {CONFIG_FILE} (with a policy "
                 f"'type') and {WEIGHTS_FILE}, as written by PreTrainedPolicy.save_pretrained"
@@ -245,7 +251,7 @@ class LeRobotPolicy:
         try:
             from pytest_hud.agent.lerobot_import import import_policy_code
 
-            import_policy_code(json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))["type"])
+            import_policy_code(policy_type)
             from lerobot.configs.policies import PreTrainedConfig
             from lerobot.policies.factory import get_policy_class, make_pre_post_processors
         except ImportError as error:

@@ -51,8 +51,7 @@ def _found(module: str) -> bool:
 
 
 _LOCK = threading.RLock()
-_lazy: ModuleType | None = None  # the package, its __init__ not run yet
-_running = False  # its __init__ runs now (in the thread holding _LOCK)
+_lazy: ModuleType | None = None  # the package, its __init__ not run or running yet
 
 
 def _lazy_package() -> None:
@@ -85,14 +84,13 @@ def _lookup(name: str) -> Any:
 def _complete(package: ModuleType) -> None:
     """Run the lazy package's ``__init__`` into it, once. Other threads wait for it; a lookup the
     ``__init__`` itself makes finds the names set so far, as in a plain import."""
-    global _lazy, _running
+    global _lazy
     with _LOCK:
-        if package is not _lazy or _running:
+        if package is not _lazy:
             return  # imported whole, completed already, or this thread's own run mid-way
-        _running = True
+        _lazy = None  # (its __getattr__ stays until the run ends: other threads' lookups wait here)
         try:
             package.__spec__.loader.exec_module(package)
         finally:
             if package.__dict__.get("__getattr__") is _lookup:
                 del package.__dict__["__getattr__"]
-            _lazy, _running = None, False
