@@ -22,14 +22,20 @@ the CPU is steadier than the wall time, and on a busy one the wall time follows 
 sides run as users run pytest, its cache on: from its second run on, pytest-hud remembers a sim its
 bridge found camera-less and starts no bridge to find out again; ``first run`` is pytest-hud's run
 with no cache, for that ratio.
+
+``--before REF`` adds a third side, alternating with the other two: the same suite run by git ref
+``REF``'s ``pytest_hud`` (in a tree of its own, :func:`git_ref.tree_with_package`), so that a
+change is measured against the code before it in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -101,10 +107,10 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, float, str]:
+def timed(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, float, str]:
     """Wall and CPU seconds of ``cmd`` (the CPU of pytest and every process it waited for)."""
     cpu0, t0 = _children_cpu(), time.perf_counter()
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, env=env)
     wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     tail = out.stdout.strip().splitlines()[-1:] or [out.stderr.strip()[-300:]]
     if "passed" not in tail[0]:
@@ -117,6 +123,7 @@ def main() -> None:
     parser.add_argument("--suites", default="cartpole-n0,cartpole-n2,cartpole-n8,meta_world-n2",
                         help="Comma-separated SUITE-nW (suites: cartpole, meta_world)")
     parser.add_argument("--repeats", type=int, default=2, help="Runs of each side, alternating")
+    parser.add_argument("--before", metavar="REF", help="Also run each suite with git ref REF's pytest_hud")
     args = parser.parse_args()
     fill = {"sims": str(EVALS / "sims" / "classic.py"), "policies": str(EVALS / "policies" / "numpy_policies.py"),
             "sims_mw": str(EVALS / "sims" / "meta_world.py"),
@@ -125,6 +132,15 @@ def main() -> None:
     # as users run Python: compiled modules cached (pytest-hud's, assert-rewritten as a plugin's, too)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     print(f"pytest-hud vs the naive way ({os.cpu_count()} cores; wall seconds, fastest of {args.repeats})")
+    before_tree = None
+    if args.before:
+        from git_ref import check_package, tree_with_package
+
+        scratch = tempfile.mkdtemp(prefix="hud-before-")
+        atexit.register(shutil.rmtree, scratch, True)
+        before_tree = tree_with_package(args.before, Path(scratch) / "tree")
+        check_package(sys.executable, before_tree)
+        before_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(before_tree), str(BENCH)])}
     rows = []
     for entry in args.suites.split(","):
         suite, _, workers = entry.partition("-n")
@@ -137,16 +153,30 @@ def main() -> None:
             (tmp / "naive" / f"test_{suite}_naive.py").write_text(naive_src.format(**fill))
             base = [sys.executable, "-m", "pytest", "-q", "-n", workers]
             hud, naive, hud_cpu, naive_cpu, notes = [], [], [], [], set()
+            before, before_cpu = [], []
+            if before_tree is not None:
+                (tmp / "before").mkdir()
+                (tmp / "before" / f"test_{suite}.py").write_text(hud_src.format(**fill))
+                where = subprocess.run([sys.executable, "-c", "import pytest_hud; print(pytest_hud.__file__)"],
+                                       cwd=tmp / "before", env=before_env, capture_output=True, text=True,
+                                       check=True).stdout.strip()
+                if not Path(where).is_relative_to(before_tree):
+                    raise SystemExit(f"the {args.before} side imports pytest_hud from {where}: the comparison would be void")
+            width = max(1, int(workers))  # -n 0: one process, one slot
             for _ in range(args.repeats):  # the naive side first: both find the same warm disk cache
                 wall, cpu, _ = timed(base + ["-p", "no:hud", str(tmp / "naive")], tmp / "naive")
                 naive.append(wall)
                 naive_cpu.append(cpu)
-                width = max(1, int(workers))  # -n 0: one process, one slot
                 wall, cpu, out = timed(base + [f"--hud-width={width}", f"--hud-results={tmp / 'r.jsonl'}",
                                                str(tmp / "hud")], tmp / "hud")
                 hud.append(wall)
                 hud_cpu.append(cpu)
                 notes.update(re.findall(r"--hud-inline=auto: (each worker steps its own env)", out))
+                if before_tree is not None:
+                    wall, cpu, _ = timed(base + [f"--hud-width={width}", f"--hud-results={tmp / 'b.jsonl'}",
+                                                 str(tmp / "before")], tmp / "before", env=before_env)
+                    before.append(wall)
+                    before_cpu.append(cpu)
         where = "envs in the workers (inline)" if notes else "shared bridge"
         rows.append((f"{suite} -n {workers}", min(naive), min(hud), where))
         print(f"  {rows[-1][0]:<16} naive {min(naive):6.2f} s  pytest-hud {min(hud):6.2f} s  "
@@ -154,6 +184,10 @@ def main() -> None:
               f"{min(naive) / hud[0]:.2f})\n{'':18}CPU (median) naive {statistics.median(naive_cpu):6.2f} s  "
               f"pytest-hud {statistics.median(hud_cpu):6.2f} s  naive / pytest-hud "
               f"{statistics.median(naive_cpu) / statistics.median(hud_cpu):5.2f}", flush=True)
+        if before:
+            print(f"{'':18}pytest-hud at {args.before}: {min(before):6.2f} s, naive / it {min(naive) / min(before):5.2f} "
+                  f"(first run {before[0]:.2f} s); CPU (median) {statistics.median(before_cpu):6.2f} s, "
+                  f"naive / it {statistics.median(naive_cpu) / statistics.median(before_cpu):5.2f}", flush=True)
 
 
 if __name__ == "__main__":

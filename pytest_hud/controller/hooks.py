@@ -34,7 +34,7 @@ from pytest_hud.controller.inputs import RunInputs
 from pytest_hud.controller.kept_reports import ReportLightener
 from pytest_hud.controller.progress import progress_record
 from pytest_hud.controller.ledger import Ledger
-from pytest_hud.controller.provenance import PolicyHashes, provenance
+from pytest_hud.controller.provenance import PolicyHashes, installed_provenance, provenance
 from pytest_hud.controller.signals import sigterm_as_interrupt
 from pytest_hud.controller.spool import RecordSpool
 from pytest_hud.controller.results_file import episodes_written, results_paths, settle_baseline
@@ -95,7 +95,13 @@ class HudController:
                                    extra_methods={"declare": self._declare, "sequential": self._sequential,
                                                   "resume_lookup": self._resume_lookup,
                                                   "policy_hash": self._policy_hash})
-        self.provenance = provenance(settings, config.rootpath, list(config.invocation_params.args))
+        self.provenance = provenance(settings, config.rootpath, list(config.invocation_params.args), installed=False)
+        # package versions and the git revision are looked up while the workers start; the header waits for them
+        self._installed: dict[str, Any] = {}
+        self._installed_lookup = threading.Thread(
+            target=lambda root=config.rootpath: self._installed.update(installed_provenance(root)),
+            name="hud-provenance", daemon=True)
+        self._installed_lookup.start()
         self.policy_hashes = PolicyHashes()  # each policy's content hash, once per run, off the workers' cores
         self._policy_files = None
         if settings.policy:
@@ -132,6 +138,8 @@ class HudController:
         with self._writer_lock:
             if self.writer is None and self.results_path is not None and self.usage_error is None:
                 self.provenance["policy_hash"] = self.policy_hashes.get(self.settings.policy, self._policy_files)
+                self._installed_lookup.join()
+                self.provenance.update(self._installed)
                 resume = self.settings.resume
                 resuming_here = bool(resume) and Path(resume).resolve() == self.results_path.resolve()
                 with self._lock:

@@ -14,23 +14,18 @@ from typing import Any
 from pytest_hud import __version__
 from pytest_hud.core.specs import portable_spec
 
-__all__ = ["PolicyHashes", "git_revision", "provenance"]
+__all__ = ["PolicyHashes", "git_revision", "installed_provenance", "provenance"]
 
 _DISTRIBUTIONS = ("pytest-hud", "pytest", "pytest-xdist", "numpy", "gymnasium", "websockets", "msgpack",
                   "torch", "lerobot")
 
 
-def provenance(settings: Any, root: Path, args: list[str]) -> dict[str, Any]:
+def provenance(settings: Any, root: Path, args: list[str], *, installed: bool = True) -> dict[str, Any]:
     """The results file's provenance for a run with ``settings`` (a :class:`~pytest_hud.core.settings.HudSettings`).
 
     ``policy_hash`` is None here: the controller fills it in from :class:`PolicyHashes` before the
-    results file's header is written, so that hashing a large checkpoint does not hold up the start."""
-    versions = {}
-    for dist in _DISTRIBUTIONS:
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
+    results file's header is written, so that hashing a large checkpoint does not hold up the start.
+    So are ``versions`` and ``git`` with ``installed=False`` (see :func:`installed_provenance`)."""
     return {
         "plugin_version": __version__,
         "policy": portable_spec(settings.policy, [root]),
@@ -40,11 +35,23 @@ def provenance(settings: Any, root: Path, args: list[str]) -> dict[str, Any]:
         "workers": settings.workers,
         "python": sys.version.split()[0],
         "platform": sys.platform,
-        "versions": versions,
-        "git": git_revision(root),
+        **(installed_provenance(root) if installed else {"versions": None, "git": None}),
         "options": settings.to_dict(),
         "args": list(args),
     }
+
+
+def installed_provenance(root: Path) -> dict[str, Any]:
+    """The provenance that asks the machine: the versions of the packages a result depends on, and
+    the git revision of ``root`` (two git commands, the second walking the checkout: the controller
+    runs this on a thread of its own while the workers start, not before)."""
+    versions = {}
+    for dist in _DISTRIBUTIONS:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"versions": versions, "git": git_revision(root)}
 
 
 def git_revision(root: Path) -> dict[str, Any] | None:

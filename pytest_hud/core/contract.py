@@ -131,19 +131,31 @@ class Contract:
         rate = data.get("control_rate")
         return cls(features=features, control_rate=None if rate is None else float(rate))
 
+    def canonical(self) -> str:
+        """The contract as JSON with sorted keys: equal contracts give equal strings (a key for
+        what is loaded or written per contract). Made once per contract object, and so is
+        :meth:`signature`: both are asked per episode, and a contract is not changed once made
+        (replace a feature by making a new contract)."""
+        cached = self.__dict__.get("_canonical")
+        if cached is None:
+            cached = self.__dict__["_canonical"] = json.dumps(self.to_dict(), sort_keys=True)
+        return cached
+
     def signature(self) -> str:
         """A short readable fingerprint: each feature's type, dtype and shape, and a hash of the whole.
 
             >>> Contract({"action": Feature("action", "action", "box", "float32", (2,))}).signature()[:22]
             'action box float32(2) '
         """
-        import hashlib
-        import json
+        cached = self.__dict__.get("_signature")
+        if cached is None:
+            import hashlib
 
-        parts = [f"{name} {f.type} {f.dtype}({','.join(str(d) for d in f.shape)})"
-                 for name, f in sorted(self.features.items())]
-        digest = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
-        return "; ".join(parts) + f" #{digest}"
+            parts = [f"{name} {f.type} {f.dtype}({','.join(str(d) for d in f.shape)})"
+                     for name, f in sorted(self.features.items())]
+            digest = hashlib.sha256(self.canonical().encode()).hexdigest()[:12]
+            cached = self.__dict__["_signature"] = "; ".join(parts) + f" #{digest}"
+        return cached
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``contract.json`` at an explicit path (never the current directory by default)."""

@@ -30,7 +30,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +71,21 @@ def _warn_unknown(what: str, names: Iterable[str], consequence: str) -> None:
             " (a newer pytest-hud wrote them: upgrade to read them)"), stacklevel=3)
 
 
+_PLAIN = frozenset({str, bool, int, type(None)})  # exact types that are their own builtin form
+
+
 def to_builtin(value: Any) -> Any:
     """Recursively convert numpy scalars/arrays, dataclasses and other oddities to JSON-able
     builtins (new containers throughout: the result shares nothing mutable with ``value``)."""
+    kind = type(value)  # the exact builtin types first: a record's fields are nearly all of them
+    if kind in _PLAIN:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {k if type(k) is str else str(k): to_builtin(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [to_builtin(v) for v in value]
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -97,10 +109,22 @@ def to_builtin(value: Any) -> Any:
     return str(value)
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The names of a dataclass's fields, in order (looked up once per class: records are made
+    and written per episode)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def _fields_builtin(obj: Any) -> dict[str, Any]:
     """A dataclass's fields as builtins: :func:`dataclasses.asdict` without its deep copy, which
     :func:`to_builtin` makes needless (an episode's record is written twice per episode)."""
-    return {f.name: to_builtin(getattr(obj, f.name)) for f in fields(obj)}
+    return {name: to_builtin(getattr(obj, name)) for name in _field_names(type(obj))}
 
 
 @dataclass
@@ -133,7 +157,10 @@ class EpisodeResult:
     replay_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a new dict (builtin types already: only ``artefacts`` is copied)."""
+        data = {name: getattr(self, name) for name in _field_names(EpisodeResult)}
+        data["artefacts"] = dict(self.artefacts)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EpisodeResult:

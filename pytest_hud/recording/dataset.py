@@ -315,7 +315,7 @@ class DatasetRecorder:
 
     # ---------------------------------------------------------------- commit
     def _layout_for(self, contract: Contract) -> _Layout:
-        key = json.dumps(contract.to_dict(), sort_keys=True)
+        key = contract.canonical()
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._layouts[key] = _layout(contract, self.use_videos, self.fps)

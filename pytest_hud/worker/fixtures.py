@@ -73,17 +73,37 @@ class RobotAgent:
         return None
 
 
+# (how many markers the item itself had; its hud markers' merged keywords; the settings they
+# made, and of which run settings)
+_ITEM_SETTINGS = pytest.StashKey[tuple]()
+
+
+def _marked(item: pytest.Item) -> tuple:
+    """The entry of ``item``'s stash for its ``hud`` markers: the fixtures, the declaration and the
+    report each ask per episode, so they are merged once, and again only when the item got a
+    marker since (``request.node.add_marker`` in a fixture, say)."""
+    own = len(item.own_markers)
+    entry = item.stash.get(_ITEM_SETTINGS, None)
+    if entry is None or entry[0] != own:
+        merged: dict[str, Any] = {}
+        for mark in reversed(list(item.iter_markers("hud"))):
+            merged.update(mark.kwargs)
+        entry = item.stash[_ITEM_SETTINGS] = (own, merged, None, None)
+    return entry
+
+
 def hud_settings(item: pytest.Item) -> dict[str, Any]:
     """The ``hud`` marker's keyword arguments for ``item``, closest marker winning."""
-    merged: dict[str, Any] = {}
-    for mark in reversed(list(item.iter_markers("hud"))):
-        merged.update(mark.kwargs)
-    return merged
+    return dict(_marked(item)[1])
 
 
 def item_settings(item: pytest.Item, session: HudSession):
     """The run's settings for ``item`` (its ``hud`` markers applied)."""
-    return session.settings.for_item(hud_settings(item))
+    own, merged, run, settings = _marked(item)
+    if run is not session.settings:
+        run, settings = session.settings, session.settings.for_item(merged)
+        item.stash[_ITEM_SETTINGS] = (own, merged, run, settings)
+    return settings
 
 
 def _session(request: pytest.FixtureRequest) -> HudSession:

@@ -277,6 +277,9 @@ def declare_episodes(session: pytest.Session, hud: HudSession | None) -> None:
         raise pytest.UsageError(exc.message) from None
 
 
+_PORTABLE: dict[tuple, tuple[str | None, str | None]] = {}  # (policy, sim, roots) -> their portable specs
+
+
 def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
     """What an episode's result depends on besides its seed: resume reuses only exact matches."""
     from pytest_hud.agent.model import policy_files
@@ -286,9 +289,13 @@ def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
     policy, cache = settings.policy, hud.policy_hashes
     if policy not in cache:  # the files as this worker finds them, hashed once per run by the controller
         cache[policy] = hud.pool_call("policy_hash", spec=policy, files=policy_files(policy)) if policy else None
-    roots = hud.project_roots
-    return {"plugin_version": __version__, "policy": portable_spec(policy, roots), "policy_hash": cache[policy],
-            "sim": portable_spec(settings.sim, roots), "build": settings.build,
+    roots = tuple(hud.project_roots)
+    portable = _PORTABLE.get((policy, settings.sim, roots))
+    if portable is None:  # (the same few specs for every episode of the run)
+        portable = _PORTABLE[(policy, settings.sim, roots)] = (portable_spec(policy, roots),
+                                                               portable_spec(settings.sim, roots))
+    return {"plugin_version": __version__, "policy": portable[0], "policy_hash": cache[policy],
+            "sim": portable[1], "build": settings.build,
             "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps),
             "n_action_steps": hud.settings.n_action_steps,
             **({"graded": False} if settings.graded is False else {})}

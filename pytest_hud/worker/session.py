@@ -159,7 +159,7 @@ class HudSession:
         """The harness for ``policy`` on ``contract``, its model fed with ``rename`` (default: the
         run's ``--hud-policy-rename``); loaded once per worker and (policy, contract, rename)."""
         rename = dict(self.settings.rename if rename is None else rename)
-        key = (policy, json.dumps(contract.to_dict(), sort_keys=True), json.dumps(rename, sort_keys=True))
+        key = (policy, contract.canonical(), json.dumps(rename, sort_keys=True))
         agent = self.agents.get(key)
         failed = self._load_failures.get(key)
         if failed is not None:

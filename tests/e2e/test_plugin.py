@@ -47,6 +47,9 @@ def test_two_workers_share_a_bridge_and_junit_carries_episode_properties(project
     prov = results.provenance
     assert prov["policy"] == "policies:balance" and prov["policy_hash"].startswith("sha256:")
     assert prov["width"] == 2 and "gymnasium" in prov["versions"]
+    # (looked up while the workers start; the header waited for them and keeps their place)
+    keys = list(prov)
+    assert "git" in keys and keys.index("platform") < keys.index("versions") < keys.index("git") < keys.index("options")
     # Every record's identity (what --hud-resume matches on) has the policy's hash, hashed once by
     # the controller from the files the workers found: the same as the provenance's.
     from pytest_hud.agent.model import policy_content_hash

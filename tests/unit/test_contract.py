@@ -128,3 +128,22 @@ def test_the_per_step_coercer_gives_what_coerce_action_gives_or_its_error(action
         np.testing.assert_array_equal(got, want)
     else:
         assert got == want
+
+
+def test_equal_contracts_have_one_canonical_form_and_signature_made_once():
+    import json
+
+    from pytest_hud.core.contract import Contract, Feature
+
+    def make(order):
+        feats = {"action": Feature("action", "action", "box", "float32", (2,)),
+                 "state": Feature("state", "observation", "state", "float32", (4,))}
+        return Contract({k: feats[k] for k in order}, control_rate=10.0)
+
+    a, b = make(["action", "state"]), make(["state", "action"])
+    assert a.canonical() == b.canonical() == json.dumps(a.to_dict(), sort_keys=True)
+    assert a.signature() == b.signature() and a.signature() is a.signature()
+    assert a == b  # the cached forms are no fields: equality is the features' and the rate's
+    other = make(["action", "state"])
+    other = Contract({**other.features, "state": Feature("state", "observation", "state", "float32", (5,))}, 10.0)
+    assert other.canonical() != a.canonical() and other.signature() != a.signature()

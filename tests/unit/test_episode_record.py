@@ -66,3 +66,34 @@ def test_the_bridges_grade_names_fields_it_cannot_record():
         assert EpisodeResult.from_dict(grade).steps == 5  # the claim's task is the episode's own business
     with pytest.warns(ResultsWarning, match="the bridge's episode result has fields .* does not know: sim_time"):
         EpisodeResult.from_dict({**grade, "sim_time": 0.5})
+
+
+def test_to_builtin_gives_new_json_types_for_builtin_and_numpy_values_alike():
+    import json
+    import math
+
+    import numpy as np
+
+    from pytest_hud.core.results import to_builtin
+
+    class Flag(int):
+        pass
+
+    value = {"a": [1, 2.5, (3, "x")], 4: {"b": None, "c": True}, "nan": math.nan, "np": np.float32(0.5),
+             "arr": np.arange(3), "sub": Flag(7), "inf": [math.inf], "t": (np.int64(2),)}
+    out = to_builtin(value)
+    assert out == {"a": [1, 2.5, [3, "x"]], "4": {"b": None, "c": True}, "nan": None, "np": 0.5,
+                   "arr": [0, 1, 2], "sub": 7, "inf": [None], "t": [2]}
+    assert type(out["sub"]) is int and type(out["np"]) is float and type(out["t"][0]) is int
+    assert json.loads(json.dumps(out)) == out
+    assert out["a"] is not value["a"] and out["4"] is not value[4]  # nothing mutable is shared
+
+
+def test_an_episode_result_as_a_dict_shares_no_artefacts_with_it():
+    from pytest_hud.core.results import EpisodeResult
+
+    result = EpisodeResult(True, 1.0, 5.0, 10, artefacts={"video": "v.mp4"})
+    data = result.to_dict()
+    assert data == {**{k: getattr(result, k) for k in data}, "artefacts": {"video": "v.mp4"}}
+    data["artefacts"]["trace"] = "t.json"
+    assert result.artefacts == {"video": "v.mp4"} and EpisodeResult.from_dict(data).artefacts == data["artefacts"]
