@@ -45,6 +45,10 @@ episodes, reports):
   ref ``REF``, run in a tree of its own (``git_ref.tree_with_package``): the code before a change,
   side by side with the checkout's;
 - ``hud-novideo`` (not run by default): ``hud`` with ``--hud-video=none``;
+- ``hud-server-10videos`` (not run by default): ``hud-server`` with ``--hud-video-max=10``, the
+  number of videos ``lerobot-eval`` writes (its ``--eval.max_episodes_rendered``, default 10): at
+  most 10 videos of failed episodes, the episodes past them rendering only what the policy reads;
+- ``hud-server-novideo`` (not run by default): ``hud-server`` with ``--hud-video=none``;
 - ``lerobot-eval-96``: ``lerobot-eval`` with ``--env.visualization_width=96
   --env.visualization_height=96``, the cheapest videos its CLI allows.
 
@@ -203,6 +207,8 @@ def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dic
         row["max_rewards"] = [episodes[s][1] for s in seeds]
         row["errors"] = sum(1 for line in results.read_text().splitlines()
                             if json.loads(line).get("outcome") == "error")
+        row["videos"] = sum(1 for line in results.read_text().splitlines()
+                            if (json.loads(line).get("artefacts") or {}).get("video"))
     return row
 
 
@@ -217,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         default=["lerobot-eval", "hud", "hud-1thread", "hud-server", "lerobot-eval-96", "lerobot-eval"],
         choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server", "hud-server-sync",
                  "hud-server-async", "hud-server-processes", "hud-server-processes-lockstep",
-                 "hud-server-processes-ready", "hud-server-threads", "hud-server-ready", "hud-server-named", "hud-server-before"],
+                 "hud-server-processes-ready", "hud-server-threads", "hud-server-ready", "hud-server-named", "hud-server-before",
+                 "hud-server-10videos", "hud-server-novideo"],
         help="What to run, in this order; repeats allowed (the ratio uses the median lerobot-eval wall time)")
     parser.add_argument("--before", default=None, metavar="REF",
                         help="Git ref whose pytest_hud the hud-server-before setup runs (the code before a change)")
@@ -285,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                                                           ["--hud-policy-server", "--hud-vectorization=threads"]),
             "hud-server-ready": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                         ["--hud-policy-server", "--hud-tick=ready"]),
+            "hud-server-10videos": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                           ["--hud-policy-server", "--hud-video-max=10"]),
+            "hud-server-novideo": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                          ["--hud-policy-server", "--hud-video=none"]),
             "hud-server-named": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                         ["--hud-policy-server", f"--hud-policy={checkpoint}"]),
             "hud-server-before": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
@@ -322,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
             if base_wall:
                 ratio = f"  wall {row['wall_s']:6.1f}s, ratio {row['wall_s'] / base_wall:.2f}"
             errors = f", {row['errors']} errors" if row.get("errors") else ""
+            videos = f", {row['videos']} videos" if row.get("videos") is not None else ""
             print(f"{row['name']:16s} success {rate_text(k, n)}; mean max reward {mean_max:.3f}"
-                  f"{errors}{ratio}")
+                  f"{errors}{videos}{ratio}")
         if base:
             for row in rows:
                 if row is base or not row.get("successes"):

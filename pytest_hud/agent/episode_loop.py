@@ -39,7 +39,10 @@ __all__ = ["EpisodeLoop", "StepObserver", "features", "as_chunk"]
 
 
 class StepObserver(Protocol):
-    """Sees every tick of an episode (video and trace recorders implement this)."""
+    """Sees every tick of an episode (video and trace recorders implement this).
+
+    Optional: ``wants_episode(episode) -> bool``, asked as an episode starts; an observer that
+    answers False sees none of its steps (only its ``on_end``), so it makes no frame render."""
 
     def on_start(self, episode: Episode, observation: Mapping[str, Any]) -> None: ...
     def on_step(self, action: np.ndarray, observation: Mapping[str, Any], inference_s: float) -> None: ...

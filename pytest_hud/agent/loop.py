@@ -137,11 +137,14 @@ class Agent:
         # (a replay needs the seed the episode was claimed with, and a sim that replays exactly);
         # a sim without cameras has no image to skip or replay, so its episodes keep no tape
         # and an observer of camera frames alone (``cameras_only``) has nothing to see in it
+        # and an observer that wants nothing of this episode (``wants_episode``: a video recorder
+        # whose task has had all its videos) sees none of its steps
         cameras = getattr(episode.contract, "cameras", None)
+        present = [o for o in self.observers if (cameras or not getattr(o, "cameras_only", False))
+                   and (getattr(o, "wants_episode", None) is None or o.wants_episode(episode))]
         can_replay = self._taping() and episode.seed is not None and cameras
-        replaying = [o for o in self.observers if getattr(o, "replays", False)] if can_replay else []
-        watching = [o for o in self.observers if not any(o is r for r in replaying)
-                    and (cameras or not getattr(o, "cameras_only", False))]
+        replaying = [o for o in present if getattr(o, "replays", False)] if can_replay else []
+        watching = [o for o in present if not any(o is r for r in replaying)]
         return EpisodeLoop(
             self.model,
             episode.contract,

@@ -90,6 +90,8 @@ OPTIONS: dict[str, Option] = {
                                         "run's file): only the episodes it has count"),
     "resume": Option(str, None, "Reuse finished episodes of this results file instead of running them again"),
     "video": Option(str, "failed", "MP4 videos of episodes with cameras: none, failed or all", ("none", "failed", "all")),
+    "video_max": Option(int, None, "At most this many videos per task, for the first of its episodes to start "
+                        "(a video a successful episode did not need goes to a later one); default: no limit"),
     "video_dir": Option(str, None, "Directory for videos (default: hud-videos beside --html, --hud-html or --hud-results)"),
     "trace_dir": Option(str, None, "Write one trace file (.npz: actions, states, rewards, timings) per episode here"),
     "html": Option(str, None, "Write a standalone HTML summary page here (works without pytest-html)"),
@@ -115,7 +117,7 @@ OPTIONS: dict[str, Option] = {
 DEFAULT_RESOURCES = {"CPU": 1.0}
 
 _POSITIVE = ("boot_timeout", "first_action_timeout", "step_timeout", "lease")
-_AT_LEAST_ONE = ("width", "max_steps", "n_action_steps", "policy_replicas")
+_AT_LEAST_ONE = ("width", "max_steps", "n_action_steps", "policy_replicas", "video_max")
 _NON_NEGATIVE = ("tick_window",)
 
 
@@ -212,6 +214,7 @@ class HudSettings:
     allow_incomplete_baseline: bool = False
     resume: str | None = None
     video: str = "failed"
+    video_max: int | None = None
     video_dir: str | None = None
     trace_dir: str | None = None
     html: str | None = None

@@ -5,6 +5,7 @@ runs in a circle: this module imports the recorders (lazily, when the settings a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pytest_hud.recording.recorder import Recorder
@@ -12,13 +13,16 @@ from pytest_hud.recording.recorder import Recorder
 __all__ = ["open_recorders"]
 
 
-def open_recorders(settings: Any, worker: str) -> list[Recorder]:
-    """A worker's recorders for the run's settings (a :class:`~pytest_hud.core.settings.HudSettings`)."""
+def open_recorders(settings: Any, worker: str,
+                   video_slots: Callable[[str, bool], bool] | None = None) -> list[Recorder]:
+    """A worker's recorders for the run's settings (a :class:`~pytest_hud.core.settings.HudSettings`);
+    ``video_slots`` shares ``--hud-video-max`` with the other workers (see :class:`VideoRecorder`)."""
     recorders: list[Recorder] = []
     if settings.video != "none" and settings.video_dir:
         from pytest_hud.recording.video import VideoRecorder
 
-        recorders.append(VideoRecorder(settings.video_dir, settings.video))
+        recorders.append(VideoRecorder(settings.video_dir, settings.video,
+                                       max_per_task=getattr(settings, "video_max", None), slots=video_slots))
     if settings.trace_dir:
         from pytest_hud.recording.trace import TraceRecorder
 

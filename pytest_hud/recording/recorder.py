@@ -88,6 +88,10 @@ class ArtefactNames:
     def set_next(self, task: str, episode: str) -> None:
         self._next = (str(task), str(episode))
 
+    def next_task(self, episode: Any) -> str:
+        """The task the next episode's files will be named after (the label's, else the fallback's)."""
+        return (self._next or _fallback_label(episode))[0]
+
     def take(self, episode: Any) -> tuple[str, str, str]:
         with self._lock:
             task, ep = self._next or _fallback_label(episode)

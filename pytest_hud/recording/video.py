@@ -47,7 +47,7 @@ import contextlib
 import os
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from fractions import Fraction
 from pathlib import Path
@@ -156,6 +156,13 @@ class VideoRecorder:
     ``fps``: playback rate; default the contract's ``control_rate``, else 30. ``max_frames``: keep
     only the last this many frames of an episode (bounds memory for long episodes; None = all).
     ``crf``/``preset``/``threads``: libx264 quality, speed and threads per encode.
+    ``max_per_task``: at most this many videos per task (None: no limit). An episode takes one of
+    its task's videos when it starts (:meth:`wants_episode`) and gives it back at its end if it
+    needs none (it succeeded, in ``"failed"`` mode); an episode that starts with none left keeps
+    no frames, so the agent skips the renders its policy does not read. ``slots(task, take)``
+    takes (``take=True``: True if one was left) or gives back one of the task's videos where
+    several recorders share the limit (the plugin's workers, through the controller); without it
+    this recorder counts its own.
 
     One episode at a time per recorder (as for every step observer). Call :meth:`label_next`
     before an episode to name its files after the task and episode id, :meth:`flush` before reading
@@ -173,6 +180,8 @@ class VideoRecorder:
         crf: int = 23,
         preset: str = "veryfast",
         threads: int = 2,
+        max_per_task: int | None = None,
+        slots: Callable[[str, bool], bool] | None = None,
     ) -> None:
         if mode not in VIDEO_MODES:
             raise ValueError(f"video mode {mode!r} is not one of {', '.join(VIDEO_MODES)}")
@@ -183,6 +192,9 @@ class VideoRecorder:
             )
         if max_frames is not None and max_frames < 1:
             raise ValueError(f"max_frames={max_frames} must be at least 1 (or None for all frames)")
+        if max_per_task is not None and max_per_task < 1:
+            raise ValueError(f"max_per_task={max_per_task} must be at least 1 (or None for no limit; "
+                             "mode 'none' for no videos)")
         self.directory = Path(directory).resolve()
         self.mode = mode
         self.fps = fps
@@ -198,6 +210,10 @@ class VideoRecorder:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._warm = False  # PyAV imported (or its import queued) on the encoding thread
+        self.max_per_task = max_per_task
+        self._slots = slots
+        self._taken: dict[str, int] = {}  # videos taken per task, where this recorder counts them itself
+        self._granted: tuple[str, bool] | None = None  # the running episode's task, and whether it has a video
 
     #: it keeps camera frames and nothing else: an episode whose contract has no camera does not
     #: call it at every step (:meth:`pytest_hud.agent.loop.Agent._start`)
@@ -242,6 +258,35 @@ class VideoRecorder:
         if self._frames:
             self._keep(observation)
 
+    def wants_episode(self, episode: Any) -> bool:
+        """Whether the coming episode may get a video (asked by the agent as the episode starts):
+        not in ``"none"`` mode, nor once its task has had all of its ``max_per_task`` videos. With
+        a limit, the episode takes one of them here."""
+        if self.mode == "none":
+            return False
+        if self.max_per_task is None:
+            return True
+        task = self._labels.next_task(episode)
+        if self._slots is not None:
+            granted = bool(self._slots(task, True))
+        else:
+            granted = self._taken.get(task, 0) < self.max_per_task
+            if granted:
+                self._taken[task] = self._taken.get(task, 0) + 1
+        self._granted = (task, granted)
+        return granted
+
+    def _give_back(self) -> None:
+        """The running episode needs no video after all: its task's video goes to a later episode."""
+        task, granted = self._granted or ("", False)
+        self._granted = None
+        if not granted:
+            return
+        if self._slots is not None:
+            self._slots(task, False)
+        else:
+            self._taken[task] = max(0, self._taken.get(task, 0) - 1)
+
     @property
     def replays(self) -> bool:
         """In ``"failed"`` mode the frames come from a replay of the episodes that need a video, so
@@ -249,17 +294,20 @@ class VideoRecorder:
         return self.mode == "failed"
 
     def wants_replay(self, result: Any, error: str | None) -> bool:
-        """Whether this episode gets a video: in ``"failed"`` mode, when it failed or errored."""
+        """Whether this episode gets a video: in ``"failed"`` mode, when it failed or errored (and
+        it took one of its task's videos, under ``max_per_task``)."""
+        if self._granted is not None and not self._granted[1]:
+            return False
         return self.mode == "all" or (self.mode == "failed" and _failed(result, error))
 
     def on_end(self, episode: Any, result: Any, error: str | None) -> None:
         """Queue the encode if this episode should have a video, and put the paths on ``result``."""
         frames, self._frames = self._frames, {}
         self.last_artefacts = {}
-        if self.mode == "none" or not any(frames.values()):
+        if self.mode == "none" or not any(frames.values()) or (self.mode == "failed" and not _failed(result, error)):
+            self._give_back()  # (nothing to show: a video taken for it goes to a later episode)
             return
-        if self.mode == "failed" and not _failed(result, error):
-            return
+        self._granted = None  # (an episode that took no video kept no frames: this one has its video)
         _, _, stem = self._labels.take(episode)
         cams = [name for name in self._cameras if frames.get(name)]
         artefacts: dict[str, str] = {}

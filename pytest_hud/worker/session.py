@@ -80,8 +80,14 @@ class HudSession:
     def recorders(self) -> list[Recorder]:
         """This worker's video, trace and dataset recorders (created on first use, shared by all agents)."""
         if self._recorders is None:
-            self._recorders = open_recorders(self.settings, f"gw{self.worker}" if self.settings.distributed else "main")
+            self._recorders = open_recorders(self.settings, f"gw{self.worker}" if self.settings.distributed else "main",
+                                             video_slots=self._video_slot)
         return self._recorders
+
+    def _video_slot(self, task: str, take: bool) -> bool:
+        """Take (True if one was left) or give back one of ``task``'s ``--hud-video-max`` videos,
+        counted by the controller for every worker."""
+        return bool(self.pool_call("video_slot", task=task, take=take))
 
     def close_recorders(self, timeout: float = 120.0) -> None:
         """Finish pending videos and commit dataset parts (idempotent)."""

@@ -88,3 +88,36 @@ def test_a_bad_marker_rename_names_the_problem_and_an_example(rename, message):
     assert message in problem and "e.g. rename={'agentview_image'" in problem
     assert build({"policy_rename": "a=b"}).for_item({"rename": rename}).rename == {"a": "b"}  # left out
     assert rename_problem({"agentview_image": "observation.images.image"}) is None
+
+
+def test_video_max_is_at_least_one_and_names_the_way_to_no_videos():
+    from pytest_hud.core.settings import HudSettings, SettingsError
+
+    assert HudSettings.build({"video_max": 3}, {}).video_max == 3
+    assert HudSettings.build({}, {"video_max": "2"}).video_max == 2
+    assert HudSettings.build({}, {}).video_max is None
+    with pytest.raises(SettingsError, match="--hud-video-max must be at least 1"):
+        HudSettings.build({"video_max": 0}, {})
+
+
+def test_a_recorder_alone_counts_its_own_videos_per_task_and_takes_back_the_unneeded(tmp_path):
+    pytest.importorskip("av", reason="videos need PyAV")
+    from types import SimpleNamespace
+
+    from pytest_hud.recording.video import VideoRecorder
+
+    recorder = VideoRecorder(tmp_path, "failed", max_per_task=1)
+    episode = SimpleNamespace(seed=1, contract=None)
+    recorder.label_next("t::a", "1")
+    assert recorder.wants_episode(episode)
+    recorder.label_next("t::a", "2")  # (a second recorder call before the first ended: the limit holds)
+    assert not recorder.wants_episode(episode) and not recorder.wants_replay(None, "error")
+    recorder.on_end(episode, None, "error")  # refused: nothing to give back
+    recorder.label_next("t::b", "1")
+    assert recorder.wants_episode(episode)  # another task has its own
+    recorder.on_end(episode, SimpleNamespace(success=True, artefacts={}), None)  # succeeded: given back
+    recorder.label_next("t::b", "2")
+    assert recorder.wants_episode(episode) and recorder.wants_replay(None, "error")
+    with pytest.raises(ValueError, match="max_per_task=0"):
+        VideoRecorder(tmp_path, "failed", max_per_task=0)
+    recorder.close()
