@@ -304,7 +304,9 @@ class VideoRecorder:
         """Queue the encode if this episode should have a video, and put the paths on ``result``."""
         frames, self._frames = self._frames, {}
         self.last_artefacts = {}
-        if self.mode == "none" or not any(frames.values()) or (self.mode == "failed" and not _failed(result, error)):
+        refused = self._granted is not None and not self._granted[1]  # its task had all its videos
+        if (self.mode == "none" or refused or not any(frames.values())
+                or (self.mode == "failed" and not _failed(result, error))):
             self._give_back()  # (nothing to show: a video taken for it goes to a later episode)
             return
         self._granted = None  # (an episode that took no video kept no frames: this one has its video)

@@ -1,11 +1,14 @@
 """``--hud-video-max``: at most N videos per task, shared by the workers, and the episodes past the
 limit render only what their policy reads.
 
-A pixel env of the test's own logs every render it makes; its episodes succeed for seeds divisible
-by 3 and fail for the others, so a failed episode wants a video and a successful one gives back the
-video it took as it started."""
+A pixel env of the test's own logs every render it makes with its episode's seed (the bridge's own
+resets and timing steps use other seeds, and how many it makes depends on the machine's load, so
+they are not counted); its episodes succeed for seeds divisible by 3 and fail for the others, so a
+failed episode wants a video and a successful one gives back the video it took as it started."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 
@@ -15,7 +18,7 @@ from pytest_hud.core.results import load_results  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
-STEPS, CHUNK, SEEDS = 20, 5, 9
+STEPS, CHUNK, SEEDS, FIRST = 20, 5, 9, 100  # the episodes' seeds: FIRST, FIRST + 1, ...
 
 SIMS = f'''
 import gymnasium as gym
@@ -38,7 +41,7 @@ class Blink(gym.Env):
 
     def _render(self):
         with open("renders.log", "a") as f:
-            f.write("r\\n")
+            f.write(f"{{self._seed}}\\n")
         return np.full((8, 8, 3), (self._seed * 31 + self._t * 7) % 256, np.uint8)
 
     def _obs(self):
@@ -46,7 +49,7 @@ class Blink(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self._seed, self._t, self._skip = seed or 0, 0, False
+        self._seed, self._t, self._skip = -1 if seed is None else seed, 0, False
         self._pixels = self._render()
         return self._obs(), {{}}
 
@@ -75,53 +78,69 @@ def still():
     return lambda obs: np.zeros(({CHUNK}, 1), np.float32)  # a chunk: the middle renders go unread
 
 @pytest.mark.hud(sim="sims:blink", policy="test_blink:still", build={{"succeeds": SUCCEEDS}})
-@pytest.mark.parametrize("seed", range({SEEDS}))
+@pytest.mark.parametrize("seed", range({FIRST}, {FIRST + SEEDS}))
 def test_blink(shared_sim, robot_agent, seed):
     assert robot_agent.run(shared_sim.episode(seed=seed)).success
 '''
 
 
-def _run(pytester: pytest.Pytester, *args: str, succeeds: bool = True) -> tuple[list, int]:
+def _run(pytester: pytest.Pytester, *args: str, succeeds: bool = True) -> tuple[list, Counter]:
+    """The run's episode records, and how many renders each episode's seed made."""
     (pytester.path / "renders.log").write_text("")
     pytester._monkeypatch.setenv("BLINK_SUCCEEDS", "1" if succeeds else "0")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2",
+    # (the shared bridge, as for a sim whose step costs more than a round trip: this one's is cheap
+    # enough for the workers to step it themselves, and they render what their env renders)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--hud-width=2", "--hud-inline=never",
                                            "--hud-results=r.jsonl", "--hud-video-dir=videos", *args, timeout=240)
-    failed = [s for s in range(SEEDS) if s % 3 or not succeeds]
+    failed = [s for s in range(FIRST, FIRST + SEEDS) if s % 3 or not succeeds]
     result.assert_outcomes(passed=SEEDS - len(failed), failed=len(failed))
     records = load_results(pytester.path / "r.jsonl").episodes
-    return records, len((pytester.path / "renders.log").read_text().splitlines())
+    seeds = Counter(int(line) for line in (pytester.path / "renders.log").read_text().split())
+    return records, Counter({seed: n for seed, n in seeds.items() if seed >= FIRST})  # the episodes' own
+
+
+READ = 1 + STEPS // CHUNK  # the frames a policy reads: the reset's, and the one after each chunk
+REPLAYED, LIVE = STEPS + 1, STEPS + 1 - READ  # what a video adds: a replay of the episode, or rendering it live
+
+
+def _check_videos(records: list) -> list:
+    import av
+
+    with_video = [r for r in records if r.artefacts.get("video")]
+    for record in with_video:
+        with av.open(record.artefacts["video"]) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == STEPS + 1 and len({int(f[0, 0, 0]) for f in frames}) == STEPS + 1
+    return with_video
 
 
 def test_at_most_n_videos_per_task_and_the_rest_render_only_what_is_read(pytester):
-    import av
-
     pytester.makepyfile(sims=SIMS, test_blink=TESTS)
-    _, renders_none = _run(pytester, "--hud-video=none")  # the bridge's own, and the frames read
-    every, renders_every = _run(pytester)
-    assert sorted(int(r.seed) for r in every if r.artefacts.get("video")) == [s for s in range(SEEDS) if s % 3]
+    _, none = _run(pytester, "--hud-video=none")
+    assert set(none.values()) == {READ}  # without videos every episode renders what it reads
+    every, _ = _run(pytester)
+    failed = [s for s in range(FIRST, FIRST + SEEDS) if s % 3]
+    assert sorted(int(r.seed) for r in _check_videos(every)) == failed
     for limit in (2, 1):
         records, renders = _run(pytester, f"--hud-video-max={limit}")
-        with_video = [r for r in records if r.artefacts.get("video")]
-        # the limit holds across both workers, and only failed episodes got one
+        with_video = _check_videos(records)
+        # the limit holds across both workers, and only failed episodes got one (a success gave
+        # back the video it took as it started)
         assert len(with_video) == limit and all(not r.success for r in with_video), records
-        for record in with_video:
-            with av.open(record.artefacts["video"]) as container:
-                frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-            assert len(frames) == STEPS + 1 and len({int(f[0, 0, 0]) for f in frames}) == STEPS + 1
-        # the episodes past the limit rendered only the frames their policy read: beyond a run
-        # without videos, every step of an episode per video (by a replay or live), and of at most
-        # one more per worker (a success that took a video as it started, rendering live)
-        assert renders_none < renders < renders_every
-        assert renders - renders_none <= (limit + 2) * STEPS, (renders, renders_none, renders_every)
+        videos = {int(r.seed) for r in with_video}
+        for seed, n in renders.items():
+            # an episode past the limit rendered only what its policy read
+            assert n - READ in ((REPLAYED, LIVE) if seed in videos else (0,)), (seed, n, videos)
 
 
 def test_past_the_limit_episodes_render_no_more_than_without_videos(pytester):
-    # Every episode fails: each worker's first episode takes a video (while there is one) and is
-    # replayed for it; after a failure the agent would render the next episode live for its video,
-    # but past the limit there is none to make, so every later episode renders only what is read.
+    # Every episode fails. After a failure the agent would render the next episode live for its
+    # video, but past the limit there is none to make, so every later episode renders only what its
+    # policy reads.
     pytester.makepyfile(sims=SIMS, test_blink=TESTS)
-    _, renders_none = _run(pytester, "--hud-video=none", succeeds=False)
     for limit in (2, 1):
         records, renders = _run(pytester, f"--hud-video-max={limit}", succeeds=False)
-        assert sum(bool(r.artefacts.get("video")) for r in records) == limit
-        assert renders - renders_none == limit * (STEPS + 1), (renders, renders_none)
+        videos = {int(r.seed) for r in _check_videos(records)}
+        assert len(videos) == limit
+        for seed, n in renders.items():
+            assert n - READ in ((REPLAYED, LIVE) if seed in videos else (0,)), (seed, n, videos)
