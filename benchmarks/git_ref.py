@@ -34,11 +34,12 @@ def tree_with_package(ref: str, into: Path) -> Path:
     return extract_package(ref, into)
 
 
-def check_package(python: str, tree: Path) -> None:
-    """Stop unless ``python`` run in ``tree`` (as the benchmarks run pytest there) imports ``tree``'s
-    ``pytest_hud``: a benchmark that measured the same code on both sides would say nothing."""
-    where = subprocess.run([python, "-c", "import pytest_hud; print(pytest_hud.__file__)"], cwd=tree,
-                           env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+def check_package(python: str, tree: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    """Stop unless ``python`` run in ``cwd`` (default ``tree``, as the benchmarks run pytest there)
+    with ``env`` (default: ``tree`` on ``PYTHONPATH``) imports ``tree``'s ``pytest_hud``: a
+    benchmark that measured the same code on both sides would say nothing."""
+    where = subprocess.run([python, "-c", "import pytest_hud; print(pytest_hud.__file__)"], cwd=cwd or tree,
+                           env=env or {**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
                            check=True).stdout.strip()
     if not Path(where).is_relative_to(tree):
         raise SystemExit(f"run in {tree}, {python} imports pytest_hud from {where}: the comparison would be void")

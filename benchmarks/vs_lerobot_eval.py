@@ -195,9 +195,9 @@ def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dic
     row = {"name": name, "command": " ".join(command[2:]), "wall_s": wall, "code": code, "log": log}
     row["startup"] = next((line for line in log.read_text().splitlines() if line.startswith("startup (")), None)
     if results.is_file():
+        records = [json.loads(line) for line in results.read_text().splitlines()]
         episodes = {}
-        for line in results.read_text().splitlines():
-            record = json.loads(line)
+        for record in records:
             if record.get("outcome") in ("passed", "failed") and record.get("seed") is not None:
                 env_success = (record.get("extra") or {}).get("env_success", record.get("success"))
                 episodes[int(record["seed"])] = (bool(env_success), float(record.get("score") or 0.0))
@@ -205,10 +205,8 @@ def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dic
         row["seeds"] = seeds
         row["successes"] = [episodes[s][0] for s in seeds]
         row["max_rewards"] = [episodes[s][1] for s in seeds]
-        row["errors"] = sum(1 for line in results.read_text().splitlines()
-                            if json.loads(line).get("outcome") == "error")
-        row["videos"] = sum(1 for line in results.read_text().splitlines()
-                            if (json.loads(line).get("artefacts") or {}).get("video"))
+        row["errors"] = sum(1 for record in records if record.get("outcome") == "error")
+        row["videos"] = sum(1 for record in records if (record.get("artefacts") or {}).get("video"))
     return row
 
 

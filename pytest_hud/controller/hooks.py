@@ -37,6 +37,7 @@ from pytest_hud.controller.ledger import Ledger
 from pytest_hud.controller.provenance import PolicyHashes, installed_provenance, provenance
 from pytest_hud.controller.signals import sigterm_as_interrupt
 from pytest_hud.controller.spool import RecordSpool
+from pytest_hud.recording.quota import VideoQuota
 from pytest_hud.controller.results_file import episodes_written, results_paths, settle_baseline
 from pytest_hud.core.specs import portable_spec
 from pytest_hud.core.results import EpisodeRecord, ResultsWriter
@@ -90,13 +91,13 @@ class HudController:
         )
         self.pool = SimPool(self.secret, spec, workers=self.workers, attach=attach, launcher=_launcher(settings, spec),
                             policy_replicas=settings.policy_replicas, known=KnownSims(getattr(config, "cache", None)))
-        self._videos: dict[str, int] = {}  # videos taken per task, under --hud-video-max
+        self._videos = VideoQuota(settings.video_max)  # videos taken per task, for every worker
         self.service_host = "127.0.0.1"
         self.service = PoolService(self.pool, self.secret, self.service_host,
                                    extra_methods={"declare": self._declare, "sequential": self._sequential,
                                                   "resume_lookup": self._resume_lookup,
                                                   "policy_hash": self._policy_hash,
-                                                  "video_slot": self._video_slot})
+                                                  "video_slot": self._videos})
         self.provenance = provenance(settings, config.rootpath, list(config.invocation_params.args), installed=False)
         # package versions and the git revision are looked up while the workers start; the header waits for them
         self._installed: dict[str, Any] = {}
@@ -303,20 +304,6 @@ class HudController:
 
     def _resume_lookup(self, task: str, episode: str, identity: dict[str, Any]) -> dict[str, Any] | None:
         return self.ledger.resume_lookup(task, episode, identity)
-
-    def _video_slot(self, task: str, take: bool) -> bool:
-        """A worker's episode of ``task`` takes one of its ``--hud-video-max`` videos (True if one was
-        left), or gives back the one it took and did not need (it succeeded)."""
-        limit = self.settings.video_max
-        with self._lock:
-            taken = self._videos.get(task, 0)
-            if not take:
-                self._videos[task] = max(0, taken - 1)
-                return True
-            if limit is not None and taken >= limit:
-                return False
-            self._videos[task] = taken + 1
-            return True
 
     def _sequential(self, task: str) -> str:
         with self._lock:

@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -136,10 +137,7 @@ class Contract:
         what is loaded or written per contract). Made once per contract object, and so is
         :meth:`signature`: both are asked per episode, and a contract is not changed once made
         (replace a feature by making a new contract)."""
-        cached = self.__dict__.get("_canonical")
-        if cached is None:
-            cached = self.__dict__["_canonical"] = json.dumps(self.to_dict(), sort_keys=True)
-        return cached
+        return self._canonical
 
     def signature(self) -> str:
         """A short readable fingerprint: each feature's type, dtype and shape, and a hash of the whole.
@@ -147,15 +145,19 @@ class Contract:
             >>> Contract({"action": Feature("action", "action", "box", "float32", (2,))}).signature()[:22]
             'action box float32(2) '
         """
-        cached = self.__dict__.get("_signature")
-        if cached is None:
-            import hashlib
+        return self._signature
 
-            parts = [f"{name} {f.type} {f.dtype}({','.join(str(d) for d in f.shape)})"
-                     for name, f in sorted(self.features.items())]
-            digest = hashlib.sha256(self.canonical().encode()).hexdigest()[:12]
-            cached = self.__dict__["_signature"] = "; ".join(parts) + f" #{digest}"
-        return cached
+    @cached_property
+    def _canonical(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @cached_property
+    def _signature(self) -> str:
+        import hashlib
+
+        parts = [f"{name} {f.type} {f.dtype}({','.join(str(d) for d in f.shape)})"
+                 for name, f in sorted(self.features.items())]
+        return "; ".join(parts) + f" #{hashlib.sha256(self._canonical.encode()).hexdigest()[:12]}"
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``contract.json`` at an explicit path (never the current directory by default)."""

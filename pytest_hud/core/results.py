@@ -23,6 +23,7 @@ did not finish is known. A shard's file (``--hud-shard I/N``) says so in its pro
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -109,16 +110,11 @@ def to_builtin(value: Any) -> Any:
     return str(value)
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
+@functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
     """The names of a dataclass's fields, in order (looked up once per class: records are made
     and written per episode)."""
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
-    return names
+    return tuple(f.name for f in fields(cls))
 
 
 def _fields_builtin(obj: Any) -> dict[str, Any]:

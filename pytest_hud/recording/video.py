@@ -56,6 +56,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pytest_hud.recording import video_available
+from pytest_hud.recording.quota import VideoQuota
 from pytest_hud.recording.recorder import ArtefactNames, safe_name
 
 __all__ = ["VideoMode", "VideoRecorder", "encode_mp4", "video_available"]
@@ -211,8 +212,8 @@ class VideoRecorder:
         self._executor: ThreadPoolExecutor | None = None
         self._warm = False  # PyAV imported (or its import queued) on the encoding thread
         self.max_per_task = max_per_task
-        self._slots = slots
-        self._taken: dict[str, int] = {}  # videos taken per task, where this recorder counts them itself
+        # shared with other recorders, else this recorder's own count (pytest_hud.recording.quota)
+        self._slots = slots if slots is not None or max_per_task is None else VideoQuota(max_per_task)
         self._granted: tuple[str, bool] | None = None  # the running episode's task, and whether it has a video
 
     #: it keeps camera frames and nothing else: an episode whose contract has no camera does not
@@ -267,25 +268,19 @@ class VideoRecorder:
         if self.max_per_task is None:
             return True
         task = self._labels.next_task(episode)
-        if self._slots is not None:
-            granted = bool(self._slots(task, True))
-        else:
-            granted = self._taken.get(task, 0) < self.max_per_task
-            if granted:
-                self._taken[task] = self._taken.get(task, 0) + 1
-        self._granted = (task, granted)
-        return granted
+        self._granted = (task, bool(self._slots(task, True)))
+        return self._granted[1]
+
+    @property
+    def _refused(self) -> bool:
+        """The running episode's task had all its videos when it started."""
+        return self._granted is not None and not self._granted[1]
 
     def _give_back(self) -> None:
         """The running episode needs no video after all: its task's video goes to a later episode."""
-        task, granted = self._granted or ("", False)
-        self._granted = None
-        if not granted:
-            return
-        if self._slots is not None:
-            self._slots(task, False)
-        else:
-            self._taken[task] = max(0, self._taken.get(task, 0) - 1)
+        granted, self._granted = self._granted, None
+        if granted is not None and granted[1]:
+            self._slots(granted[0], False)
 
     @property
     def replays(self) -> bool:
@@ -296,7 +291,7 @@ class VideoRecorder:
     def wants_replay(self, result: Any, error: str | None) -> bool:
         """Whether this episode gets a video: in ``"failed"`` mode, when it failed or errored (and
         it took one of its task's videos, under ``max_per_task``)."""
-        if self._granted is not None and not self._granted[1]:
+        if self._refused:
             return False
         return self.mode == "all" or (self.mode == "failed" and _failed(result, error))
 
@@ -304,8 +299,7 @@ class VideoRecorder:
         """Queue the encode if this episode should have a video, and put the paths on ``result``."""
         frames, self._frames = self._frames, {}
         self.last_artefacts = {}
-        refused = self._granted is not None and not self._granted[1]  # its task had all its videos
-        if (self.mode == "none" or refused or not any(frames.values())
+        if (self.mode == "none" or self._refused or not any(frames.values())
                 or (self.mode == "failed" and not _failed(result, error))):
             self._give_back()  # (nothing to show: a video taken for it goes to a later episode)
             return

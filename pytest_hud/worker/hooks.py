@@ -8,6 +8,7 @@ the episode's record (:mod:`pytest_hud.core.classify`) on the test's report for 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -277,23 +278,22 @@ def declare_episodes(session: pytest.Session, hud: HudSession | None) -> None:
         raise pytest.UsageError(exc.message) from None
 
 
-_PORTABLE: dict[tuple, tuple[str | None, str | None]] = {}  # (policy, sim, roots) -> their portable specs
+@functools.lru_cache(maxsize=64)  # (the same few specs for every episode of the run)
+def _portable_specs(policy: str | None, sim: str | None, roots: tuple[str, ...]) -> tuple[str | None, str | None]:
+    from pytest_hud.core.specs import portable_spec
+
+    return portable_spec(policy, roots), portable_spec(sim, roots)
 
 
 def run_identity(item: pytest.Item, hud: HudSession) -> dict[str, Any]:
     """What an episode's result depends on besides its seed: resume reuses only exact matches."""
     from pytest_hud.agent.model import policy_files
-    from pytest_hud.core.specs import portable_spec
 
     settings = item_settings(item, hud)
     policy, cache = settings.policy, hud.policy_hashes
     if policy not in cache:  # the files as this worker finds them, hashed once per run by the controller
         cache[policy] = hud.pool_call("policy_hash", spec=policy, files=policy_files(policy)) if policy else None
-    roots = tuple(hud.project_roots)
-    portable = _PORTABLE.get((policy, settings.sim, roots))
-    if portable is None:  # (the same few specs for every episode of the run)
-        portable = _PORTABLE[(policy, settings.sim, roots)] = (portable_spec(policy, roots),
-                                                               portable_spec(settings.sim, roots))
+    portable = _portable_specs(policy, settings.sim, tuple(hud.project_roots))
     return {"plugin_version": __version__, "policy": portable[0], "policy_hash": cache[policy],
             "sim": portable[1], "build": settings.build,
             "max_steps": hud_settings(item).get("max_steps", hud.settings.max_steps),
