@@ -7,18 +7,24 @@ policy server's first action waits for all of it. A checkpoint needs its own typ
 (to register it with LeRobot's config parser) and model, nothing else.
 
 :func:`import_policy_code` therefore puts the package in ``sys.modules`` without running its
-``__init__``, then imports the factory and the checkpoint type's configuration. The package
-completes itself the first time anyone asks it for a name it lacks (``from lerobot.policies
-import ACTConfig``, ``lerobot.policies.make_policy``): it then runs its ``__init__``, as a plain
-``import lerobot.policies`` would have, so code that uses the package as a whole still works, only
-later. Nothing is skipped where the package is imported already, and a type whose configuration
-is not one of LeRobot's own (a plugin's) gets the whole package first, as before.
+``__init__``, then imports the factory and the checkpoint type's configuration. So are the
+policies' own packages (``lerobot.policies.groot`` and the rest): LeRobot 0.6's factory imports
+GR00T's configuration, and GR00T's ``__init__`` its model and processors, which bring in
+LeRobot's datasets (Hugging Face ``datasets``, pandas, pyarrow: 0.8-0.9 of a CPU-second on a
+policy server's critical path, for any checkpoint type). A package completes itself the first
+time anyone asks it for a name it lacks (``from lerobot.policies import ACTConfig``,
+``lerobot.policies.make_policy``, ``from lerobot.policies.groot import GrootPolicy``): it then
+runs its ``__init__``, as a plain import would have, so code that uses a package as a whole
+still works, only later. Nothing is skipped where a package is imported already, and a type
+whose configuration is not one of LeRobot's own (a plugin's) gets the whole package first, as
+before.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import pkgutil
 import sys
 import threading
 from types import ModuleType
@@ -51,13 +57,13 @@ def _found(module: str) -> bool:
 
 
 _LOCK = threading.RLock()
-_lazy: ModuleType | None = None  # the package, its __init__ not run or running yet
+_lazy: dict[str, ModuleType] = {}  # the packages whose __init__ has not run (or is running) yet
 
 
 def _lazy_package() -> None:
-    """``lerobot.policies`` in ``sys.modules``, its ``__init__`` not run yet unless it was imported
-    already; it runs on the first lookup of a name the package lacks (:func:`_complete`)."""
-    global _lazy
+    """``lerobot.policies`` and its subpackages in ``sys.modules``, their ``__init__`` not run yet
+    unless the package was imported already; each runs on the first lookup of a name its package
+    lacks (:func:`_complete`)."""
     with _LOCK:
         if PACKAGE in sys.modules:
             return
@@ -65,32 +71,46 @@ def _lazy_package() -> None:
         if spec is None or spec.loader is None or spec.submodule_search_locations is None:
             importlib.import_module(PACKAGE)  # not a regular package: leave it to the import system
             return
-        package = importlib.util.module_from_spec(spec)
-        package.__dict__["__getattr__"] = _lookup
-        _lazy = sys.modules[PACKAGE] = package
-        sys.modules["lerobot"].policies = package  # as the import system sets a submodule on its parent
+        package = _lazy_module(spec, sys.modules["lerobot"])
+        for found in pkgutil.iter_modules(package.__path__, f"{PACKAGE}."):
+            if found.ispkg and found.name not in sys.modules:
+                sub = importlib.util.find_spec(found.name)
+                if sub is not None and sub.loader is not None and sub.submodule_search_locations is not None:
+                    _lazy_module(sub, package)
 
 
-def _lookup(name: str) -> Any:
-    """A name the lazy package lacks: run its ``__init__`` (once), then look again."""
-    package = sys.modules[PACKAGE]
+def _lazy_module(spec: Any, parent: ModuleType) -> ModuleType:
+    """The package ``spec`` finds, in ``sys.modules`` and on ``parent`` (as the import system
+    sets a submodule on its parent), its ``__init__`` left for the first missing name."""
+    package = importlib.util.module_from_spec(spec)
+    name = spec.name
+    package.__dict__["__getattr__"] = lambda attr: _lookup(name, attr)
+    _lazy[name] = sys.modules[name] = package
+    setattr(parent, name.rpartition(".")[2], package)
+    return package
+
+
+def _lookup(name: str, attr: str) -> Any:
+    """A name the lazy package ``name`` lacks: run its ``__init__`` (once), then look again."""
+    package = sys.modules[name]
     _complete(package)
     try:
-        return package.__dict__[name]
+        return package.__dict__[attr]
     except KeyError:
-        raise AttributeError(f"module {PACKAGE!r} has no attribute {name!r}") from None
+        raise AttributeError(f"module {name!r} has no attribute {attr!r}") from None
 
 
 def _complete(package: ModuleType) -> None:
-    """Run the lazy package's ``__init__`` into it, once. Other threads wait for it; a lookup the
+    """Run a lazy package's ``__init__`` into it, once. Other threads wait for it; a lookup the
     ``__init__`` itself makes finds the names set so far, as in a plain import."""
-    global _lazy
     with _LOCK:
-        if package is not _lazy:
+        name = package.__name__
+        if _lazy.get(name) is not package:
             return  # imported whole, completed already, or this thread's own run mid-way
-        _lazy = None  # (its __getattr__ stays until the run ends: other threads' lookups wait here)
+        del _lazy[name]  # (its __getattr__ stays until the run ends: other threads' lookups wait here)
+        lookup = package.__dict__.get("__getattr__")
         try:
             package.__spec__.loader.exec_module(package)
         finally:
-            if package.__dict__.get("__getattr__") is _lookup:
+            if package.__dict__.get("__getattr__") is lookup:
                 del package.__dict__["__getattr__"]

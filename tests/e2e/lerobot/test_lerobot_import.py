@@ -1,5 +1,8 @@
 """Loading a checkpoint imports only its own policy type's LeRobot code, and nothing else changes.
 
+Other policies' packages stay unrun (LeRobot 0.6's factory imports GR00T's configuration, whose
+package ``__init__`` imports GR00T's model and LeRobot's datasets) until someone asks one for a name.
+
 Each side runs in a fresh interpreter (what is imported is the point): the shipped ACT loaded
 through :meth:`LeRobotPolicy.from_checkpoint` alone, and the same after ``import lerobot.policies``
 (the whole package, as before). Runs only where LeRobot is installed.
@@ -28,6 +31,8 @@ from pytest_hud.agent.lerobot import LeRobotPolicy
 
 model = LeRobotPolicy.from_checkpoint(sys.argv[2])
 configs = sorted(k for k in sys.modules if k.startswith("lerobot.policies.") and ".configuration_" in k)
+models = sorted(k for k in sys.modules if k.startswith("lerobot.policies.") and ".modeling_" in k)
+datasets = "lerobot.datasets" in sys.modules
 rng = np.random.default_rng(0)
 observations = [{"state": rng.uniform(0, 1, 4).astype(np.float32)} for _ in range(3)]
 chunks = [c.tolist() for c in model.predict_batch(observations, ["reach"] * 3)]
@@ -37,15 +42,17 @@ found, errors = [], []
 def ask():
     try:
         from lerobot.policies import ACTConfig, DiffusionConfig, make_policy  # noqa: F401
+        from lerobot.policies.act import ACTPolicy  # a policy's package, asked for a name
         import lerobot.policies as package
-        found.append(package.ACTConfig is type(model.policy.config) and callable(package.make_policy))
+        found.append(package.ACTConfig is type(model.policy.config) and callable(package.make_policy)
+                     and ACTPolicy is type(model.policy))
     except Exception as exc:
         errors.append(repr(exc))
 threads = [threading.Thread(target=ask) for _ in range(2)]
 for t in threads: t.start()
 for t in threads: t.join()
 import lerobot.policies as package
-print(json.dumps({"configs": configs, "chunks": chunks, "found": found, "errors": errors,
+print(json.dumps({"configs": configs, "models": models, "datasets": datasets, "chunks": chunks, "found": found, "errors": errors,
                   "has_getattr": "__getattr__" in vars(package), "missing": hasattr(package, "no_such_name")}))
 """
 
@@ -70,6 +77,13 @@ def test_a_checkpoint_loads_with_its_own_policy_code_and_the_package_completes_w
         assert "lerobot.policies.diffusion.configuration_diffusion" in whole["configs"]
         assert "lerobot.policies.diffusion.configuration_diffusion" not in lean["configs"]
         assert len(lean["configs"]) < len(whole["configs"])
+    # no other policy's model (GR00T's package __init__ imports its own), nor LeRobot's datasets
+    # where the whole package does not need them either
+    assert lean["models"] == ["lerobot.policies.act.modeling_act"]
+    assert set(lean["models"]) <= set(whole["models"])
+    assert not lean["datasets"] or whole["datasets"]
+    if "lerobot.policies.groot.modeling_groot" in whole["models"]:  # LeRobot 0.6: GR00T's brought them
+        assert whole["datasets"] and not lean["datasets"]
     for side in (lean, whole):  # afterwards the package is whole either way, from any thread
         assert side["errors"] == [] and side["found"] == [True, True]
         assert not side["has_getattr"] and side["missing"] is False
