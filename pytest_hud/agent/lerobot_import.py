@@ -7,17 +7,20 @@ policy server's first action waits for all of it. A checkpoint needs its own typ
 (to register it with LeRobot's config parser) and model, nothing else.
 
 :func:`import_policy_code` therefore puts the package in ``sys.modules`` without running its
-``__init__``, then imports the factory and the checkpoint type's configuration. So are the
-policies' own packages (``lerobot.policies.groot`` and the rest): LeRobot 0.6's factory imports
-GR00T's configuration, and GR00T's ``__init__`` its model and processors, which bring in
-LeRobot's datasets (Hugging Face ``datasets``, pandas, pyarrow: 0.8-0.9 of a CPU-second on a
-policy server's critical path, for any checkpoint type). A package completes itself the first
-time anyone asks it for a name it lacks (``from lerobot.policies import ACTConfig``,
-``lerobot.policies.make_policy``, ``from lerobot.policies.groot import GrootPolicy``): it then
-runs its ``__init__``, as a plain import would have, so code that uses a package as a whole
-still works, only later. Nothing is skipped where a package is imported already, and a type
-whose configuration is not one of LeRobot's own (a plugin's) gets the whole package first, as
-before.
+``__init__``, and each policy's package too (``lerobot.policies.groot`` and the rest), then imports
+the factory and the checkpoint type's package and configuration. The other policies' packages
+matter: LeRobot 0.6's factory imports GR00T's configuration, and GR00T's ``__init__`` imports its
+model and processors, which bring in LeRobot's datasets (Hugging Face ``datasets``, pandas,
+pyarrow: 0.8-0.9 of a CPU-second on a policy server's critical path, whatever the checkpoint's
+type). The checkpoint type's own package runs its ``__init__``, as a plain import of its
+configuration would: it may register what its checkpoints need (a processor module's steps).
+
+A package left unrun completes itself the first time anyone asks it for a name it lacks (``from
+lerobot.policies import ACTConfig``, ``lerobot.policies.make_policy``, ``from
+lerobot.policies.groot import GrootPolicy``): it then runs its ``__init__``, as a plain import would
+have, so code that uses a package as a whole still works, only later. Nothing is skipped where a
+package is imported already, and a type whose configuration is not one of LeRobot's own (a
+plugin's) gets the whole package first, as before.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ def import_policy_code(policy_type: str | None = None) -> None:
         if not (policy_type.isidentifier() and _found(module)):
             _complete(sys.modules[PACKAGE])  # a plugin's type: registered by the whole package, if at all
         else:
+            # the type's own package whole, as a plain import of its configuration runs it: its
+            # __init__ may register what its checkpoints need (a processor module's steps)
+            own = sys.modules.get(f"{PACKAGE}.{policy_type}")
+            if own is not None:
+                _complete(own)
             importlib.import_module(module)
     importlib.import_module("lerobot.configs.policies")
     importlib.import_module(f"{PACKAGE}.factory")

@@ -33,6 +33,8 @@ model = LeRobotPolicy.from_checkpoint(sys.argv[2])
 configs = sorted(k for k in sys.modules if k.startswith("lerobot.policies.") and ".configuration_" in k)
 models = sorted(k for k in sys.modules if k.startswith("lerobot.policies.") and ".modeling_" in k)
 datasets = "lerobot.datasets" in sys.modules
+# the checkpoint type's own package ran its __init__ (which may register its processors' steps)
+own = "__getattr__" not in vars(sys.modules["lerobot.policies.act"]) and "lerobot.policies.act.processor_act" in sys.modules
 rng = np.random.default_rng(0)
 observations = [{"state": rng.uniform(0, 1, 4).astype(np.float32)} for _ in range(3)]
 chunks = [c.tolist() for c in model.predict_batch(observations, ["reach"] * 3)]
@@ -52,7 +54,7 @@ threads = [threading.Thread(target=ask) for _ in range(2)]
 for t in threads: t.start()
 for t in threads: t.join()
 import lerobot.policies as package
-print(json.dumps({"configs": configs, "models": models, "datasets": datasets, "chunks": chunks, "found": found, "errors": errors,
+print(json.dumps({"configs": configs, "models": models, "datasets": datasets, "own": own, "chunks": chunks, "found": found, "errors": errors,
                   "has_getattr": "__getattr__" in vars(package), "missing": hasattr(package, "no_such_name")}))
 """
 
@@ -84,6 +86,7 @@ def test_a_checkpoint_loads_with_its_own_policy_code_and_the_package_completes_w
     assert not lean["datasets"] or whole["datasets"]
     if "lerobot.policies.groot.modeling_groot" in whole["models"]:  # LeRobot 0.6: GR00T's brought them
         assert whole["datasets"] and not lean["datasets"]
+    assert lean["own"] and whole["own"]
     for side in (lean, whole):  # afterwards the package is whole either way, from any thread
         assert side["errors"] == [] and side["found"] == [True, True]
         assert not side["has_getattr"] and side["missing"] is False
