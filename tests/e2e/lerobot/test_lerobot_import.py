@@ -34,27 +34,34 @@ configs = sorted(k for k in sys.modules if k.startswith("lerobot.policies.") and
 models = sorted(k for k in sys.modules if k.startswith("lerobot.policies.") and ".modeling_" in k)
 datasets = "lerobot.datasets" in sys.modules
 # the checkpoint type's own package ran its __init__ (which may register its processors' steps)
-own = "__getattr__" not in vars(sys.modules["lerobot.policies.act"]) and "lerobot.policies.act.processor_act" in sys.modules
+own = "__getattr__" not in vars(sys.modules["lerobot.policies.act"])
+acts = sorted(k for k in sys.modules if k.startswith("lerobot.policies.act."))
 rng = np.random.default_rng(0)
 observations = [{"state": rng.uniform(0, 1, 4).astype(np.float32)} for _ in range(3)]
 chunks = [c.tolist() for c in model.predict_batch(observations, ["reach"] * 3)]
 
-# the package as a whole, asked for from two threads at once
+# the package as a whole, and another policy's package, asked for names from two threads at once
+import importlib.util
+diffusion = importlib.util.find_spec("lerobot.policies.diffusion")
+# (a regular package, LeRobot >= 0.5, whose __init__ names its model: diffusers brings it)
+ask_diffusion = diffusion.origin not in (None, "namespace") and importlib.util.find_spec("diffusers") is not None
 found, errors = [], []
 def ask():
     try:
-        from lerobot.policies import ACTConfig, DiffusionConfig, make_policy  # noqa: F401
-        from lerobot.policies.act import ACTPolicy  # a policy's package, asked for a name
+        from lerobot.policies import ACTConfig, DiffusionConfig  # noqa: F401
         import lerobot.policies as package
-        found.append(package.ACTConfig is type(model.policy.config) and callable(package.make_policy)
-                     and ACTPolicy is type(model.policy))
+        ok = package.ACTConfig is type(model.policy.config)
+        if ask_diffusion:
+            from lerobot.policies.diffusion import DiffusionPolicy
+            ok = ok and DiffusionPolicy.__name__ == "DiffusionPolicy"
+        found.append(ok)
     except Exception as exc:
         errors.append(repr(exc))
 threads = [threading.Thread(target=ask) for _ in range(2)]
 for t in threads: t.start()
 for t in threads: t.join()
 import lerobot.policies as package
-print(json.dumps({"configs": configs, "models": models, "datasets": datasets, "own": own, "chunks": chunks, "found": found, "errors": errors,
+print(json.dumps({"configs": configs, "models": models, "datasets": datasets, "own": own, "acts": acts, "chunks": chunks, "found": found, "errors": errors,
                   "has_getattr": "__getattr__" in vars(package), "missing": hasattr(package, "no_such_name")}))
 """
 
@@ -79,14 +86,15 @@ def test_a_checkpoint_loads_with_its_own_policy_code_and_the_package_completes_w
         assert "lerobot.policies.diffusion.configuration_diffusion" in whole["configs"]
         assert "lerobot.policies.diffusion.configuration_diffusion" not in lean["configs"]
         assert len(lean["configs"]) < len(whole["configs"])
-    # no other policy's model (GR00T's package __init__ imports its own), nor LeRobot's datasets
-    # where the whole package does not need them either
+        if "lerobot.policies.groot.modeling_groot" in whole["models"]:
+            # LeRobot 0.6: GR00T's package __init__ brought LeRobot's datasets (0.4.4's factory
+            # imports them itself)
+            assert whole["datasets"] and not lean["datasets"]
+    # no other policy's model (each policy's package __init__ imports its own)
     assert lean["models"] == ["lerobot.policies.act.modeling_act"]
     assert set(lean["models"]) <= set(whole["models"])
     assert not lean["datasets"] or whole["datasets"]
-    if "lerobot.policies.groot.modeling_groot" in whole["models"]:  # LeRobot 0.6: GR00T's brought them
-        assert whole["datasets"] and not lean["datasets"]
-    assert lean["own"] and whole["own"]
+    assert lean["own"] and whole["own"] and lean["acts"] == whole["acts"]  # ACT's own code, all of it
     for side in (lean, whole):  # afterwards the package is whole either way, from any thread
         assert side["errors"] == [] and side["found"] == [True, True]
         assert not side["has_getattr"] and side["missing"] is False
