@@ -76,15 +76,20 @@ def _lazy_package() -> None:
         if PACKAGE in sys.modules:
             return
         spec = importlib.util.find_spec(PACKAGE)  # imports the top-level ``lerobot`` package (a version string)
-        if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        if not _regular(spec):
             importlib.import_module(PACKAGE)  # not a regular package: leave it to the import system
             return
         package = _lazy_module(spec, sys.modules["lerobot"])
         for found in pkgutil.iter_modules(package.__path__, f"{PACKAGE}."):
             if found.ispkg and found.name not in sys.modules:
                 sub = importlib.util.find_spec(found.name)
-                if sub is not None and sub.loader is not None and sub.submodule_search_locations is not None:
+                if _regular(sub):  # (a namespace package has no __init__ to leave unrun)
                     _lazy_module(sub, package)
+
+
+def _regular(spec: Any) -> bool:
+    """Whether ``spec`` finds a package whose ``__init__`` a loader runs."""
+    return spec is not None and spec.loader is not None and spec.submodule_search_locations is not None
 
 
 def _lazy_module(spec: Any, parent: ModuleType) -> ModuleType:

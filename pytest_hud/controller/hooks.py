@@ -37,11 +37,11 @@ from pytest_hud.controller.ledger import Ledger
 from pytest_hud.controller.provenance import PolicyHashes, installed_provenance, provenance
 from pytest_hud.controller.signals import sigterm_as_interrupt
 from pytest_hud.controller.spool import RecordSpool
-from pytest_hud.recording.quota import VideoQuota
 from pytest_hud.controller.results_file import episodes_written, results_paths, settle_baseline
 from pytest_hud.core.specs import portable_spec
 from pytest_hud.core.results import EpisodeRecord, ResultsWriter
 from pytest_hud.core.settings import HudSettings
+from pytest_hud.recording.quota import VideoQuota
 from pytest_hud.report.terminal import write_progress
 
 __all__ = ["HudController", "results_paths"]

@@ -61,7 +61,8 @@ threads = [threading.Thread(target=ask) for _ in range(2)]
 for t in threads: t.start()
 for t in threads: t.join()
 import lerobot.policies as package
-print(json.dumps({"configs": configs, "models": models, "datasets": datasets, "own": own, "acts": acts, "chunks": chunks, "found": found, "errors": errors,
+print(json.dumps({"configs": configs, "models": models, "datasets": datasets, "own": own, "acts": acts,
+                  "chunks": chunks, "found": found, "errors": errors,
                   "has_getattr": "__getattr__" in vars(package), "missing": hasattr(package, "no_such_name")}))
 """
 
