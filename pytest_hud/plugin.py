@@ -56,7 +56,31 @@ def __getattr__(name: str) -> Any:
 
 
 # ---------------------------------------------------------------- options
-def pytest_addoption(parser: pytest.Parser) -> None:
+def _leave_unrewritten(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Import this package's modules as plain Python, not through pytest's assertion rewriter.
+
+    pytest rewrites the asserts of every module in a plugin's distribution: each module this
+    package imports later (lazily, often on a thread of the controller or a worker) would be parsed
+    and rewritten, in every process, on every run where bytecode is not written. Its asserts are
+    internal invariants that gain nothing from it, and on CPython 3.11.0-3.11.7 and 3.12.0-3.12.1
+    a parse on one thread while another parses (pytest rewriting a test module, a plugin's lazy
+    import) can fail with ``SystemError: AST constructor recursion depth mismatch`` (CPython
+    gh-106905), and with it the run. pytest has no public way to take a plugin off its list; the
+    hook's set is left alone where it is not what this expects (then the modules stay rewritten).
+    """
+    hook = getattr(pluginmanager, "rewrite_hook", None)
+    marked, cache = getattr(hook, "_must_rewrite", None), getattr(hook, "_marked_for_rewrite_cache", None)
+    if not isinstance(marked, set):
+        return
+    package = __name__.partition(".")[0]
+    marked.discard(package)
+    if isinstance(cache, dict):
+        for name in [n for n in cache if n == package or n.startswith(package + ".")]:
+            del cache[name]
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    _leave_unrewritten(pluginmanager)
     group = parser.getgroup("hud", "pytest-hud robot-policy evaluation")
     for name, opt in OPTIONS.items():
         extra = f". Ini: hud_{name}" + (f" (default {opt.default})" if opt.default not in (None, False) else "")
