@@ -338,6 +338,9 @@ class HudController:
         if report.failed and report.when not in ("setup", "call", "teardown"):
             # xdist's report for an item whose worker crashed mid-test ("???")
             lines = str(report.longrepr).strip().splitlines()
+            worker = getattr(getattr(report, "node", None), "gateway", None)
+            if worker is not None:
+                self._videos.release(worker.id)  # the video its episode took and never made
             record = self.ledger.crashed(report.nodeid, lines[0] if lines else "")
             if record is not None:
                 self._add(record)

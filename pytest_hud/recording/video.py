@@ -160,10 +160,11 @@ class VideoRecorder:
     ``max_per_task``: at most this many videos per task (None: no limit). An episode takes one of
     its task's videos when it starts (:meth:`wants_episode`) and gives it back at its end if it
     needs none (it succeeded, in ``"failed"`` mode); an episode that starts with none left keeps
-    no frames, so the agent skips the renders its policy does not read. ``slots(task, take)``
-    takes (``take=True``: True if one was left) or gives back one of the task's videos where
-    several recorders share the limit (the plugin's workers, through the controller); without it
-    this recorder counts its own.
+    no frames, so the agent skips the renders its policy does not read. ``slots(task, what)``
+    takes (``"take"``: True if one was left), keeps (``"keep"``: its video is being made) or gives
+    back (``"give_back"``) one of the task's videos where several recorders share the limit (the
+    plugin's workers, through the controller: :class:`~pytest_hud.recording.quota.VideoQuota`);
+    without it this recorder counts its own.
 
     One episode at a time per recorder (as for every step observer). Call :meth:`label_next`
     before an episode to name its files after the task and episode id, :meth:`flush` before reading
@@ -182,7 +183,7 @@ class VideoRecorder:
         preset: str = "veryfast",
         threads: int = 2,
         max_per_task: int | None = None,
-        slots: Callable[[str, bool], bool] | None = None,
+        slots: Callable[[str, str], bool] | None = None,
     ) -> None:
         if mode not in VIDEO_MODES:
             raise ValueError(f"video mode {mode!r} is not one of {', '.join(VIDEO_MODES)}")
@@ -268,7 +269,7 @@ class VideoRecorder:
         if self.max_per_task is None:
             return True
         task = self._labels.next_task(episode)
-        self._granted = (task, bool(self._slots(task, True)))
+        self._granted = (task, bool(self._slots(task, "take")))
         return self._granted[1]
 
     @property
@@ -280,7 +281,7 @@ class VideoRecorder:
         """The running episode needs no video after all: its task's video goes to a later episode."""
         granted, self._granted = self._granted, None
         if granted is not None and granted[1]:
-            self._slots(granted[0], False)
+            self._slots(granted[0], "give_back")
 
     @property
     def replays(self) -> bool:
@@ -303,7 +304,9 @@ class VideoRecorder:
                 or (self.mode == "failed" and not _failed(result, error))):
             self._give_back()  # (nothing to show: a video taken for it goes to a later episode)
             return
-        self._granted = None  # (an episode that took no video kept no frames: this one has its video)
+        granted, self._granted = self._granted, None
+        if granted is not None and granted[1]:  # (one that took none kept no frames: this one has its video)
+            self._slots(granted[0], "keep")
         _, _, stem = self._labels.take(episode)
         cams = [name for name in self._cameras if frames.get(name)]
         artefacts: dict[str, str] = {}

@@ -84,10 +84,11 @@ class HudSession:
                                              video_slots=self._video_slot)
         return self._recorders
 
-    def _video_slot(self, task: str, take: bool) -> bool:
-        """Take (True if one was left) or give back one of ``task``'s ``--hud-video-max`` videos,
-        counted by the controller for every worker."""
-        return bool(self.pool_call("video_slot", task=task, take=take))
+    def _video_slot(self, task: str, what: str) -> bool:
+        """Take (True if one was left), keep or give back one of ``task``'s ``--hud-video-max``
+        videos, counted by the controller for every worker (which gives back the takes of a worker
+        that dies mid-episode)."""
+        return bool(self.pool_call("video_slot", task=task, what=what, holder=f"gw{self.worker}"))
 
     def close_recorders(self, timeout: float = 120.0) -> None:
         """Finish pending videos and commit dataset parts (idempotent)."""

@@ -144,3 +144,37 @@ def test_past_the_limit_episodes_render_no_more_than_without_videos(pytester):
         assert len(videos) == limit
         for seed, n in renders.items():
             assert n - READ in ((REPLAYED, LIVE) if seed in videos else (0,)), (seed, n, videos)
+
+
+DIES_AT = FIRST  # the seed whose episode kills its worker after taking its task's one video
+
+DYING_TESTS = TESTS.replace('def still():', f'''def dies_once():
+    import os, signal
+
+    def policy(obs):
+        pixels = next(v for v in obs.values() if getattr(v, "ndim", 0) == 3)
+        step = next(v for v in obs.values() if getattr(v, "ndim", 0) == 1)
+        if step[0] == 0 and int(pixels[0, 0, 0]) == ({DIES_AT} * 31) % 256:  # the first frame of seed {DIES_AT}
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-episode, its video taken
+        return np.zeros(({CHUNK}, 1), np.float32)
+    return policy
+
+def still():''').replace('policy="test_blink:still"', 'policy="test_blink:dies_once"')
+
+
+def test_a_worker_that_dies_mid_episode_gives_its_video_to_a_later_episode(pytester):
+    # One worker, so the first episode runs first: it takes the task's only video and kills its
+    # worker; xdist starts another, and one of the failed episodes it runs still gets that video.
+    pytester.makepyfile(sims=SIMS, test_blink=DYING_TESTS)
+    pytester._monkeypatch.setenv("BLINK_SUCCEEDS", "0")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "--hud-width=1", "--hud-inline=never",
+                                           "--hud-results=r.jsonl", "--hud-video-dir=videos",
+                                           "--hud-video-max=1", timeout=240)
+    result.assert_outcomes(failed=SEEDS - 1, errors=1)  # (xdist reports a crash as an error)
+    records = load_results(pytester.path / "r.jsonl").episodes
+    (died,) = [r for r in records if int(r.seed) == DIES_AT]
+    assert died.error and "crashed" in died.error, died.error
+    with_video = _check_videos(records)
+    # (xdist hands the dead worker's other pending tests to the next one, so which failed episode
+    # comes first after the crash is its order's)
+    assert len(with_video) == 1 and int(with_video[0].seed) != DIES_AT, [(r.seed, r.error) for r in records]

@@ -121,3 +121,21 @@ def test_a_recorder_alone_counts_its_own_videos_per_task_and_takes_back_the_unne
     with pytest.raises(ValueError, match="max_per_task=0"):
         VideoRecorder(tmp_path, "failed", max_per_task=0)
     recorder.close()
+
+
+def test_the_shared_video_quota_gives_back_what_a_dead_worker_took_and_nothing_twice():
+    from pytest_hud.recording.quota import VideoQuota
+
+    quota = VideoQuota(2)
+    assert quota("a", "take", "gw0") and quota("a", "take", "gw1")
+    assert not quota("a", "take", "gw2")  # the limit holds across workers
+    quota("a", "keep", "gw0")  # gw0's episode makes its video
+    assert quota.release("gw0") == 0  # kept: nothing to give back when gw0 dies later
+    assert quota.release("gw1") == 1  # gw1 died mid-episode: its video goes to a later episode
+    assert quota("a", "take", "gw3")
+    quota("a", "give_back", "gw3")
+    quota("a", "give_back", "gw3")  # a second give-back of one take changes nothing
+    assert quota("a", "take", "gw3") and not quota("a", "take", "gw4")
+    assert quota.release("gw3") == 1 and quota("b", "take", "gw4")  # each task has its own
+    with pytest.raises(ValueError, match="'drop'"):
+        quota("a", "drop", "gw4")
