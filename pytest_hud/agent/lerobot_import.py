@@ -13,7 +13,9 @@ matter: LeRobot 0.6's factory imports GR00T's configuration, and GR00T's ``__ini
 model and processors, which bring in LeRobot's datasets (Hugging Face ``datasets``, pandas,
 pyarrow: 0.8-0.9 of a CPU-second on a policy server's critical path, whatever the checkpoint's
 type). The checkpoint type's own package runs its ``__init__``, as a plain import of its
-configuration would: it may register what its checkpoints need (a processor module's steps).
+configuration would: it may register what its checkpoints need (a processor module's steps); its
+processor module is imported too, for the LeRobot versions whose policy packages have no
+``__init__`` (0.4: ``lerobot.policies``' own imports SmolVLA's processor to register its steps).
 
 A package left unrun completes itself the first time anyone asks it for a name it lacks (``from
 lerobot.policies import ACTConfig``, ``lerobot.policies.make_policy``, ``from
@@ -53,6 +55,12 @@ def import_policy_code(policy_type: str | None = None) -> None:
             if own is not None:
                 _complete(own)
             importlib.import_module(module)
+            # and its processor module, which registers the processor steps its checkpoints name:
+            # where the type's package has no __init__ to import it (LeRobot 0.4's are namespace
+            # packages), ``lerobot.policies``' own __init__ imports some of them for that alone
+            processor = f"{PACKAGE}.{policy_type}.processor_{policy_type}"
+            if _found(processor):
+                importlib.import_module(processor)
     importlib.import_module("lerobot.configs.policies")
     importlib.import_module(f"{PACKAGE}.factory")
 

@@ -99,3 +99,33 @@ def test_a_checkpoint_loads_with_its_own_policy_code_and_the_package_completes_w
     for side in (lean, whole):  # afterwards the package is whole either way, from any thread
         assert side["errors"] == [] and side["found"] == [True, True]
         assert not side["has_getattr"] and side["missing"] is False
+
+
+REGISTERED = r"""
+import json, sys
+side, policy_type = sys.argv[1], sys.argv[2]
+if side == "whole":
+    import lerobot.policies, lerobot.policies.factory  # noqa: E401,F401
+else:
+    from pytest_hud.agent.lerobot_import import import_policy_code
+    import_policy_code(policy_type)
+from lerobot.processor import ProcessorStepRegistry
+print(json.dumps(sorted(name for name in ProcessorStepRegistry.list()
+                        if ProcessorStepRegistry.get(name).__module__.startswith(f"lerobot.policies.{policy_type}."))))
+"""
+
+
+@pytest.mark.parametrize("policy_type", ["smolvla", "pi0", "act"])
+def test_a_policy_types_processor_steps_are_registered_as_by_the_whole_package(policy_type):
+    # A checkpoint's saved processors name their steps; LeRobot finds them in its registry, filled
+    # as processor modules are imported. LeRobot 0.4's ``lerobot.policies`` imports SmolVLA's
+    # processor module for that alone: the lean import must register them too.
+    def registered(side: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", REGISTERED, side, policy_type], capture_output=True, text=True,
+                             timeout=300, cwd=REPO, check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    # (the lean side may register more: its type's processor module whole, which the package's
+    # __init__ need not import)
+    assert set(registered("whole")) <= set(registered("lean"))
