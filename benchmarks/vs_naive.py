@@ -129,7 +129,7 @@ def main() -> None:
             "sims_mw": str(EVALS / "sims" / "meta_world.py"),
             "policies_mw": str(EVALS / "policies" / "meta_world_experts.py"), "mt10": MT10, "bench": str(BENCH)}
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    # as users run Python: compiled modules cached (pytest-hud's, assert-rewritten as a plugin's, too)
+    # as users run Python: compiled modules cached (pytest-hud's too)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     print(f"pytest-hud vs the naive way ({os.cpu_count()} cores; wall seconds, fastest of {args.repeats})")
     before_tree = None
