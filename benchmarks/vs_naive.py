@@ -1,6 +1,7 @@
 """pytest-hud against the naive way on cheap and state-only sims, side by side in one run.
 
     python benchmarks/vs_naive.py [--suites cartpole-n0,cartpole-n2,cartpole-n8,meta_world-n2] [--repeats 2]
+                                  [--before REF] [--no-bytecode-cache]
 
 (``meta_world`` needs Meta-World: run it in a venv that has it, with this checkout first on
 ``PYTHONPATH``.) Each suite is the same parametrized episodes written twice:
@@ -26,6 +27,9 @@ with no cache, for that ratio.
 ``--before REF`` adds a third side, alternating with the other two: the same suite run by git ref
 ``REF``'s ``pytest_hud`` (in a tree of its own, :func:`git_ref.tree_with_package`), so that a
 change is measured against the code before it in the same run.
+
+``--no-bytecode-cache`` runs every side with ``PYTHONDONTWRITEBYTECODE=1``, as many container
+images set it: each process compiles what it imports from source, every run.
 """
 
 from __future__ import annotations
@@ -124,14 +128,20 @@ def main() -> None:
                         help="Comma-separated SUITE-nW (suites: cartpole, meta_world)")
     parser.add_argument("--repeats", type=int, default=2, help="Runs of each side, alternating")
     parser.add_argument("--before", metavar="REF", help="Also run each suite with git ref REF's pytest_hud")
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="Run every side with PYTHONDONTWRITEBYTECODE=1 (modules compiled at each import)")
     args = parser.parse_args()
     fill = {"sims": str(EVALS / "sims" / "classic.py"), "policies": str(EVALS / "policies" / "numpy_policies.py"),
             "sims_mw": str(EVALS / "sims" / "meta_world.py"),
             "policies_mw": str(EVALS / "policies" / "meta_world_experts.py"), "mt10": MT10, "bench": str(BENCH)}
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    # as users run Python: compiled modules cached (pytest-hud's too)
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    print(f"pytest-hud vs the naive way ({os.cpu_count()} cores; wall seconds, fastest of {args.repeats})")
+    # as users run Python: compiled modules cached (pytest-hud's too), unless asked otherwise
+    if args.no_bytecode_cache:
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    print(f"pytest-hud vs the naive way ({os.cpu_count()} cores; wall seconds, fastest of {args.repeats}"
+          + ("; no bytecode cache: PYTHONDONTWRITEBYTECODE=1)" if args.no_bytecode_cache else ")"))
     before_tree = None
     if args.before:
         from git_ref import check_package, tree_with_package
