@@ -326,8 +326,8 @@ class HudController:
 
     def _record_report(self, report: pytest.TestReport) -> None:
         data = getattr(report, "hud_episode", None)
+        worker = getattr(getattr(report, "node", None), "gateway", None)  # (None without xdist)
         if data:
-            worker = getattr(getattr(report, "node", None), "gateway", None)
             record = EpisodeRecord.from_dict(data)
             if worker is not None:
                 record.worker = worker.id
@@ -338,7 +338,6 @@ class HudController:
         if report.failed and report.when not in ("setup", "call", "teardown"):
             # xdist's report for an item whose worker crashed mid-test ("???")
             lines = str(report.longrepr).strip().splitlines()
-            worker = getattr(getattr(report, "node", None), "gateway", None)
             if worker is not None:
                 self._videos.release(worker.id)  # the video its episode took and never made
             record = self.ledger.crashed(report.nodeid, lines[0] if lines else "")

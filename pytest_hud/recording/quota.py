@@ -38,7 +38,7 @@ class VideoQuota:
         """The video an episode of ``task`` took and did not need goes to a later episode."""
         with self._lock:
             if self._settle(task, holder):
-                self._taken[task] = max(0, self._taken.get(task, 0) - 1)
+                self._return(task)
 
     def keep(self, task: str, holder: str | None = None) -> None:
         """The video an episode of ``task`` took is being made: it stays taken."""
@@ -51,8 +51,11 @@ class VideoQuota:
         with self._lock:
             tasks = self._open.pop(holder, [])
             for task in tasks:
-                self._taken[task] = max(0, self._taken.get(task, 0) - 1)
+                self._return(task)
             return len(tasks)
+
+    def _return(self, task: str) -> None:
+        self._taken[task] = max(0, self._taken.get(task, 0) - 1)
 
     def _settle(self, task: str, holder: str | None) -> bool:
         """Close ``holder``'s take of ``task``; False where it has none open (settled already)."""

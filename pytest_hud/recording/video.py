@@ -277,11 +277,12 @@ class VideoRecorder:
         """The running episode's task had all its videos when it started."""
         return self._granted is not None and not self._granted[1]
 
-    def _give_back(self) -> None:
-        """The running episode needs no video after all: its task's video goes to a later episode."""
+    def _settle(self, what: str) -> None:
+        """The running episode's video, if it took one: ``"keep"`` (it is being made) or
+        ``"give_back"`` (it needs none: its task's video goes to a later episode)."""
         granted, self._granted = self._granted, None
         if granted is not None and granted[1]:
-            self._slots(granted[0], "give_back")
+            self._slots(granted[0], what)
 
     @property
     def replays(self) -> bool:
@@ -302,11 +303,9 @@ class VideoRecorder:
         self.last_artefacts = {}
         if (self.mode == "none" or self._refused or not any(frames.values())
                 or (self.mode == "failed" and not _failed(result, error))):
-            self._give_back()  # (nothing to show: a video taken for it goes to a later episode)
+            self._settle("give_back")  # (nothing to show: a video taken for it goes to a later episode)
             return
-        granted, self._granted = self._granted, None
-        if granted is not None and granted[1]:  # (one that took none kept no frames: this one has its video)
-            self._slots(granted[0], "keep")
+        self._settle("keep")  # (one that took none kept no frames: this one has its video)
         _, _, stem = self._labels.take(episode)
         cams = [name for name in self._cameras if frames.get(name)]
         artefacts: dict[str, str] = {}

@@ -80,7 +80,7 @@ class HudSession:
     def recorders(self) -> list[Recorder]:
         """This worker's video, trace and dataset recorders (created on first use, shared by all agents)."""
         if self._recorders is None:
-            self._recorders = open_recorders(self.settings, f"gw{self.worker}" if self.settings.distributed else "main",
+            self._recorders = open_recorders(self.settings, self._worker_id if self.settings.distributed else "main",
                                              video_slots=self._video_slot)
         return self._recorders
 
@@ -88,7 +88,12 @@ class HudSession:
         """Take (True if one was left), keep or give back one of ``task``'s ``--hud-video-max``
         videos, counted by the controller for every worker (which gives back the takes of a worker
         that dies mid-episode)."""
-        return bool(self.pool_call("video_slot", task=task, what=what, holder=f"gw{self.worker}"))
+        return bool(self.pool_call("video_slot", task=task, what=what, holder=self._worker_id))
+
+    @property
+    def _worker_id(self) -> str:
+        """This worker's xdist id (``gw3``), as the controller knows its gateway."""
+        return f"gw{self.worker}"
 
     def close_recorders(self, timeout: float = 120.0) -> None:
         """Finish pending videos and commit dataset parts (idempotent)."""
