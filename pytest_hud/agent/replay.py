@@ -12,7 +12,8 @@ declares ``replays = True`` and answers ``wants_replay(result, error)`` after ea
 
 For an episode it wants, the agent claims the same episode again (:meth:`Episode.rerun
 <pytest_hud.client.episode.Episode.rerun>`: the same seed, task, options, build and prompt), sends
-the same actions with every frame rendered, and hands the observer the replayed frames
+the same actions with every frame rendered (all in one frame, :meth:`SlotClient.step_many
+<pytest_hud.client.bridge.SlotClient.step_many>`: the bridge steps them back to back), and hands the observer the replayed frames
 (``on_start``, then ``on_step`` per action, with ``inference_s`` 0) before its ``on_end``. The same
 claim and the same actions give the same episode (the determinism guarantee), and every replay is
 checked against the episode: the frames rendered during it (every one the policy read) and the
@@ -110,8 +111,10 @@ def replayed_frames(episode: Any, tape: Tape, steps: int, recv_timeout: float,
     with twin:
         with twin.open_slot(recv_timeout) as slot:
             frames = [slot.first_observation]
-            for action in actions:
-                frames.append(slot.step(action))
+            if actions:  # in one frame: the bridge steps them without waiting for this process
+                frames.extend(slot.step_many(np.stack(actions)))
         replayed_grade = twin.grade()
+    if len(frames) != len(actions) + 1:
+        raise ReplayMismatch(f"the replay ended after {len(frames) - 1} of the episode's {len(actions)} steps")
     check_replay(tape, frames, episode.grade_data if graded else None, replayed_grade)
     return frames

@@ -280,6 +280,7 @@ class BridgeEngine:
         slot.state = SlotState.FREE
         slot.connected = False
         slot.pending_action = slot.first_obs = slot.deadline = None
+        slot.queued.clear()
         return SlotReleased(f"slot {slot.index} released: {why}")
 
     def snapshot(self) -> list[dict[str, Any]]:
@@ -395,18 +396,44 @@ class BridgeEngine:
         if not isinstance(action_frame, dict) or "actions" not in action_frame:
             got = _describe(action_frame)
             raise self.refuse_action(slot, f"an action frame is {{'actions': array}}, got {got}")
-        try:
-            action = self._coerce(action_frame["actions"])
-        except ContractError as exc:
-            raise self.refuse_action(slot, str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - numpy refuses some values (ragged lists): the agent's error
-            raise self.refuse_action(
-                slot, f"the action is not an array of numbers ({type(exc).__name__}: {exc})") from None
+        steps = action_frame.get("steps")
+        if steps is None:
+            action = self._checked(slot, action_frame["actions"], "")
+        else:  # several actions, stepped in turn: {"actions": [T, *action], "steps": T}
+            rows = self._rows(slot, action_frame["actions"], steps)
+            action = rows[0]
+            slot.queued.extend(rows[1:])
         slot.pending_action, slot.acted_at = action, now
         # {"actions": ..., "render": False}: the agent will not read this step's images (a frame
         # without the key, as every openpi/0 peer sends, gets them rendered)
         slot.skip_render = action_frame.get("render", True) is False
         slot.deadline = None  # its clock restarts when its next observation is ready
+
+    def _checked(self, slot: Slot, action: Any, which: str) -> Any:
+        """``action`` as the contract takes it, or the slot failed (:class:`BadAction`) for it."""
+        try:
+            return self._coerce(action)
+        except ContractError as exc:
+            raise self.refuse_action(slot, f"{which}{exc}") from None
+        except Exception as exc:  # noqa: BLE001 - numpy refuses some values (ragged lists): the agent's error
+            raise self.refuse_action(
+                slot, f"{which}the action is not an array of numbers ({type(exc).__name__}: {exc})") from None
+
+    def _rows(self, slot: Slot, actions: Any, steps: Any) -> list[Any]:
+        """The ``steps`` actions of a frame of several, each checked as a one-action frame's is
+        (a replay sends an episode's actions in one frame; the slot gets one observation frame per
+        action, and none after its episode ends)."""
+        if type(steps) is not int or steps < 1:
+            raise self.refuse_action(slot, f"'steps' is the number of actions in the frame, an int >= 1, "
+                                           f"got {steps!r}")
+        try:
+            rows = np.asarray(actions)
+        except Exception as exc:  # noqa: BLE001 - a ragged list of actions
+            raise self.refuse_action(slot, f"the actions are not an array of numbers ({type(exc).__name__}: {exc})") from None
+        if rows.ndim == 0 or len(rows) != steps:
+            raise self.refuse_action(slot, f"a frame of {steps} actions has them along its first axis, "
+                                           f"got an array of shape {list(rows.shape)}")
+        return [self._checked(slot, row, f"action {i} of {steps}: ") for i, row in enumerate(rows)]
 
     def refuse_action(self, slot: Slot, reason: str) -> BadAction:
         """Fail ``slot`` for an unusable action frame (its peers continue); returns the failure."""

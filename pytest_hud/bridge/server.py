@@ -293,9 +293,10 @@ class BridgeServer:
         try:
             if isinstance(raw, str):
                 raise WireError("action frames must be binary msgpack, not text")
-            if slot.pending_action is not None:  # type: ignore[union-attr]
+            if slot.pending_action is not None or slot.queued:  # type: ignore[union-attr]
                 raise WireError("an action arrived before the observation of the previous one; "
-                                "send one action per observation")
+                                "send one action per observation (or a frame of several, then "
+                                "read one observation per action)")
             engine.submit_action(slot, unpack_action(raw), now)  # type: ignore[arg-type]
         except (WireError, BadAction) as exc:
             failure = exc if isinstance(exc, BadAction) else engine.refuse_action(slot, str(exc))  # type: ignore
@@ -413,7 +414,7 @@ class BridgeServer:
             self._sim_gate.release()
             self._ticking = False
         self._arm_deadline()
-        self._maybe_tick()
+        self._tick_again()
 
     def _deliver(self, plan: Any, result: Any, error: BaseException | None) -> None:
         """A step's outcome to its slots: each one's observation frame, or the sim's failure."""
@@ -476,7 +477,16 @@ class BridgeServer:
             self._lanes_busy.discard(plan.lane)
             self._sim_gate.release_share()
         self._arm_deadline()
-        self._maybe_tick()
+        self._tick_again()
+
+    def _tick_again(self) -> None:
+        """After a step: the next one if due. A slot stepping its queued actions is due at once,
+        every step: that one starts on the loop's next turn, since a sim stepped on the loop's
+        thread would otherwise nest each step in the last one's stack."""
+        if self.engine.tick_rules.acted_again:
+            asyncio.get_running_loop().call_soon(self._maybe_tick)
+        else:
+            self._maybe_tick()
 
     def _call(self, callback: Callable[..., None], plan: Any, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the sim's thread, then ``callback(plan, result, error)`` on the loop."""

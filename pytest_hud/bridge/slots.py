@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,9 @@ class Slot:
     # tick bookkeeping
     connected: bool = False
     pending_action: Any = None
+    #: the actions after ``pending_action`` of a frame of several (``{"actions": [T, ...], "steps": T}``),
+    #: each taken as the slot's next action once the step before it is delivered
+    queued: deque = field(default_factory=deque)
     acted_at: float = 0.0  # when pending_action arrived: opens ready mode's tick window
     skip_render: bool = False  # its agent will not read the images its pending action brings
     last_action: Any = None  # kept across episodes: the "repeat" hold for a free slot
@@ -73,6 +77,7 @@ class Slot:
         self.steps, self.total_reward, self.score = 0, 0.0, None
         self.success = self.success_at_reset = self.terminated = self.truncated = False
         self.error, self.failure, self.pending_action, self.connected = None, None, None, False
+        self.queued.clear()
         self.deadline, self.awaiting = None, "first action"
 
     def took_step(self, reward: float, success: bool, score: float | None, ended: bool, terminated: bool,
@@ -88,6 +93,7 @@ class Slot:
         if ended:
             self.terminated, self.truncated = terminated, truncated
             self.state, self.deadline = SlotState.DONE, None
+            self.queued.clear()
 
     def end(self, error: str | None, failure: SlotFailure | None = None) -> None:
         """The episode is over (DONE, if it was CLAIMED or LIVE): ``error`` (None: an agent that
@@ -99,6 +105,7 @@ class Slot:
             if self.failure is None:
                 self.failure = failure
         self.pending_action = self.deadline = None
+        self.queued.clear()
 
     def result(self) -> EpisodeResult:
         """The episode's grade (what ``result(token)`` returns, as :meth:`EpisodeResult.to_dict`)."""

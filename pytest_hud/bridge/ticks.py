@@ -133,6 +133,9 @@ class TickRules:
             for slot in slots:
                 self.lane_slots.setdefault(lanes[slot.index], []).append(slot)  # type: ignore[index]
         self.ticks = self.slot_steps = self.env_steps = 0  # steps, slots stepped for agents, envs stepped
+        #: the last step delivered made a slot act again from its queued actions (the server then
+        #: ticks on the loop's next turn, not deeper in the stack of the step just done)
+        self.acted_again = False
 
     def ready_to_step(self, now: float = math.inf) -> bool:
         """Whether to step at ``now``: every live slot has sent its action (and one slot is live), or,
@@ -251,6 +254,7 @@ class TickRules:
         deadline = now + self.step_timeout
         frame = (pack or _rows)(obs)
         frames = []
+        self.acted_again = False
         for s, token, action in plan.acting:
             if s.token != token:
                 continue
@@ -260,7 +264,11 @@ class TickRules:
             s.took_step(reward, success[i], None if score is None else score[i], done, bool(terminated[i]), truncated)
             s.last_action, s.pending_action = action, None
             if not done and s.state is SlotState.LIVE:
-                s.deadline, s.awaiting = deadline, "action"
+                if s.queued:  # the next of its actions is in already: it acts again at once
+                    s.pending_action, s.acted_at = s.queued.popleft(), now
+                    self.acted_again = True
+                else:
+                    s.deadline, s.awaiting = deadline, "action"
             frames.append((i, frame(i, reward, done, truncated, s.success)))
         return frames
 

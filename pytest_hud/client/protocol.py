@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from pytest_hud.client.address import BridgeError
 from pytest_hud.core.contract import Contract
 from pytest_hud.wire.jsonrpc import RpcError
@@ -30,6 +32,7 @@ __all__ = [
     "Claim",
     "ObservationReader",
     "action_frame",
+    "actions_frame",
     "claim_frame",
     "unrendered_action_frame",
     "closed_error",
@@ -99,6 +102,20 @@ def unrendered_action_frame(action: Any) -> bytes:
     """
     frame = pack_action(action)
     return b"\x82" + frame[1:] + _NO_RENDER
+
+
+def actions_frame(actions: Any) -> bytes:
+    """Several actions (``[T, *action]``) in one frame, which the bridge steps in turn, one
+    observation frame back for each (fewer when the episode ends first): what a replay sends, whose
+    actions are all known before its first step.
+
+    >>> from pytest_hud.wire.codec import unpackb
+    >>> frame = unpackb(actions_frame([[0.5, 1.0], [0.0, 0.5]]))
+    >>> frame["steps"], frame["actions"].shape
+    (2, (2, 2))
+    """
+    arr = np.asarray(actions)
+    return packb({"actions": arr, "steps": len(arr)})
 
 
 def read_frame(raw: bytes | str, what: str) -> dict[str, Any]:

@@ -251,6 +251,16 @@ class InlineSlot:
         frame["terminated"], frame["truncated"], frame["success"] = done, truncated, slot.success
         return frame
 
+    def step_many(self, actions: Any) -> list[dict[str, Any]]:
+        """Several actions in turn, as :meth:`SlotClient.step_many <pytest_hud.client.bridge.SlotClient.step_many>`
+        (here there is no round trip to save): their frames, up to the episode's end."""
+        frames = []
+        for action in actions:
+            frames.append(self.step(action))
+            if frames[-1]["terminated"]:
+                break
+        return frames
+
     def _step_sim(self, action: Any) -> tuple[float, bool, float | None, bool, bool]:
         """One step of a sim other than a GymSim, as the bridge steps a slot of it: the action
         batch built as the bridge's ticks build it, :meth:`VectorSim.step_slots` on this one slot;

@@ -20,7 +20,7 @@ pytest.importorskip("av", reason="videos need PyAV: pip install 'pytest-hud[vide
 from conftest import start_bridge, stop  # noqa: E402
 
 from pytest_hud.agent.loop import Agent  # noqa: E402
-from pytest_hud.client.bridge import ControlClient  # noqa: E402
+from pytest_hud.client.bridge import ControlClient, SlotClient  # noqa: E402
 from pytest_hud.client.episode import Episode  # noqa: E402
 from pytest_hud.core.results import load_results  # noqa: E402
 from pytest_hud.recording.video import VideoRecorder  # noqa: E402
@@ -75,7 +75,10 @@ def run(address, tmp_path: Path, log: Path, replays: bool, live_above: float = 1
 
 
 @pytest.mark.parametrize("vectorization", ["sync", "processes"])
-def test_failed_episodes_videos_are_bit_identical_and_only_they_render_again(tmp_path, vectorization):
+def test_failed_episodes_videos_are_bit_identical_and_only_they_render_again(tmp_path, vectorization, monkeypatch):
+    sent: list[int] = []  # each replay's actions go in one frame (SlotClient.step_many)
+    step_many = SlotClient.step_many
+    monkeypatch.setattr(SlotClient, "step_many", lambda self, actions: sent.append(len(actions)) or step_many(self, actions))
     log = tmp_path / "renders.log"
     log.write_text("")
     proc, address = start_bridge(tmp_path, f"{SIM}:make", 2, "--vectorization", vectorization,
@@ -109,12 +112,14 @@ def test_failed_episodes_videos_are_bit_identical_and_only_they_render_again(tmp
     assert sorted(mixed) == failed
     for seed in failed:
         assert [f.tobytes() for f in mixed[seed]] == [f.tobytes() for f in every[seed]]
-    expected, watched, wanted = 0, 0, 0
+    expected, watched, wanted, replays = 0, 0, 0, len(failed)
     for seed in SEEDS:
         taped = wanted <= 0.5 * watched
         expected += (1 + STEPS // CHUNK + (STEPS + 1) * (seed in failed)) if taped else STEPS + 1
+        replays += taped and seed in failed
         watched, wanted = watched + 1, wanted + (seed in failed)
     assert renders_mixed == expected and renders_mixed != renders  # both ways were taken
+    assert sent == [STEPS] * replays  # every replay's actions in one frame, none for the others
 
 
 REACH = Path(__file__).resolve().parents[2] / "evals" / "sims" / "reach_pixels.py"

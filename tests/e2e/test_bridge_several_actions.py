@@ -1,0 +1,137 @@
+"""Several actions in one frame (``{"actions": [T, *action], "steps": T}``, what a replay sends):
+the bridge steps them back to back in every tick mode, one observation frame each, the same bytes
+as one action per frame; the frames stop at the episode's end; a frame that is not T actions, a row
+the contract refuses, or a frame sent before the last observation fails that slot with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from conftest import SIMKIT
+from pytest_hud.client.bridge import BridgeError, ControlClient, SlotClient
+from pytest_hud.client.protocol import action_frame, actions_frame
+from pytest_hud.wire.codec import packb
+
+pytestmark = pytest.mark.timeout(60)
+
+ACTIONS = np.array([[0.5], [-1.0], [2.0], [0.0], [1.5], [-0.25]], np.float32)
+
+
+def pendulum_frames(seed: int, actions: np.ndarray) -> list[np.ndarray]:
+    env = gym.make("Pendulum-v1")
+    return [env.reset(seed=seed)[0]] + [env.step(a)[0] for a in actions]
+
+
+@pytest.mark.parametrize("args", [
+    (),  # one env per slot: ready mode
+    ("--tick", "lockstep"),
+    ("--vectorization", "processes", "--tick", "lanes"),
+], ids=["ready", "lockstep", "lanes"])
+def test_a_frame_of_several_actions_steps_them_in_turn_as_single_frames_would(bridge, args):
+    """A peer steps one action per frame meanwhile: in lockstep and lanes modes the slot with
+    several actions acts again as soon as its frame is sent, so the two step together."""
+    if "lanes" in args and (os.cpu_count() or 1) < 2:
+        pytest.skip("lanes need two env processes, one per core")
+    address = bridge("Pendulum-v1", 2, *args)
+    errors: list[BaseException] = []
+
+    def peer():
+        try:
+            with ControlClient(address) as control:
+                claim = control.claim(seed=3)
+                with SlotClient(address, claim.token, recv_timeout=20) as ws:
+                    got = [ws.first_observation["state"]] + [ws.step(a)["state"] for a in ACTIONS[::-1]]
+                np.testing.assert_array_equal(np.array(got), np.array(pendulum_frames(3, ACTIONS[::-1])))
+                assert control.result(claim.token)["steps"] == len(ACTIONS)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+
+    with ControlClient(address) as control:
+        claim = control.claim(seed=8)
+        thread = threading.Thread(target=peer)
+        with SlotClient(address, claim.token, recv_timeout=20) as ws:
+            thread.start()
+            frames = [ws.first_observation] + ws.step_many(ACTIONS)
+            last = ws.step(np.float32([0.25]))  # one at a time again afterwards
+        grade = control.result(claim.token)
+    thread.join(30)
+    assert not thread.is_alive() and errors == []
+    expected = pendulum_frames(8, np.concatenate([ACTIONS, [[0.25]]]).astype(np.float32))
+    got = [f["state"] for f in frames] + [last["state"]]
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected):
+        assert mine.tobytes() == theirs.astype(mine.dtype).tobytes()
+    assert [f["terminated"] for f in frames[1:]] == [False] * len(ACTIONS)
+    assert grade["steps"] == len(ACTIONS) + 1
+    env = gym.make("Pendulum-v1")
+    env.reset(seed=8)
+    total = sum(float(np.float32(env.step(a)[1])) for a in np.concatenate([ACTIONS, [[0.25]]]).astype(np.float32))
+    assert grade["total_reward"] == pytest.approx(total, rel=1e-5)
+
+
+def test_a_whole_episode_in_one_frame(bridge):
+    """Pendulum's 200 steps, its time limit in the last frame: a bridge that steps its sim on its
+    loop's thread steps one action after another without nesting them (a step per loop turn)."""
+    address = bridge("Pendulum-v1", 1)
+    actions = np.random.default_rng(0).uniform(-2, 2, (250, 1)).astype(np.float32)
+    with ControlClient(address) as control:
+        claim = control.claim(seed=4)
+        with SlotClient(address, claim.token, recv_timeout=20) as ws:
+            frames = ws.step_many(actions)
+        assert control.result(claim.token)["steps"] == 200
+    assert len(frames) == 200 and frames[-1]["terminated"] and frames[-1]["truncated"]
+    assert frames[-1]["state"].tobytes() == pendulum_frames(4, actions[:200])[-1].astype(np.float32).tobytes()
+
+
+def test_the_frames_stop_at_the_episodes_end(bridge):
+    address = bridge(f"{SIMKIT}:counter", 1)  # episodes of 3 steps
+    with ControlClient(address) as control:
+        claim = control.claim(seed=5)
+        with SlotClient(address, claim.token, recv_timeout=20) as ws:
+            frames = ws.step_many(np.zeros((5, 1), np.float32))
+        assert [bool(f["terminated"]) for f in frames] == [False, False, True]
+        assert control.result(claim.token)["steps"] == 3
+        again = control.claim(seed=6)  # the slot serves the next episode as usual
+        with SlotClient(address, again.token, recv_timeout=20) as ws:
+            assert len(ws.step_many(np.zeros((2, 1), np.float32))) == 2
+            assert ws.step(np.zeros(1, np.float32))["terminated"]
+        assert control.result(again.token)["steps"] == 3
+
+
+@pytest.mark.parametrize("frame, reason", [
+    (actions_frame(np.float32([[0.5], [np.nan], [0.5]])), "action 1 of 3: "),
+    (packb({"actions": np.zeros((3, 1), np.float32), "steps": 2}),
+     "a frame of 2 actions has them along its first axis, got an array of shape [3, 1]"),
+    (packb({"actions": np.zeros((1, 1), np.float32), "steps": 0}), "'steps' is the number of actions"),
+], ids=["a-bad-row", "steps-and-rows-differ", "no-steps"])
+def test_a_bad_frame_of_several_actions_fails_its_slot_only(bridge, frame, reason):
+    address = bridge("Pendulum-v1", 2)
+    with ControlClient(address) as control:
+        bad, good = control.claim(seed=1), control.claim(seed=2)
+        with SlotClient(address, bad.token, recv_timeout=20) as ws, \
+                SlotClient(address, good.token, recv_timeout=20) as peer:
+            ws._send(frame)
+            with pytest.raises(BridgeError, match=f"slot {bad.slot}: .*" + reason.replace("[", r"\[").replace("]", r"\]")):
+                ws.step(np.float32([0.0]))
+            assert len(peer.step_many(ACTIONS)) == len(ACTIONS)  # its peer goes on
+        assert control.result(bad.token)["steps"] == 0
+        assert control.result(good.token)["steps"] == len(ACTIONS)
+
+
+def test_an_action_sent_before_the_last_observation_of_several_fails_the_slot(bridge):
+    address = bridge(f"{SIMKIT}:slow_pendulum", 1)  # 3 ms a step
+    with ControlClient(address) as control:
+        claim = control.claim(seed=1)
+        with SlotClient(address, claim.token, recv_timeout=20) as ws:
+            ws._send(actions_frame(np.zeros((150, 1), np.float32)))  # 0.45 s of steps
+            ws._send(action_frame(np.float32([0.0])))
+            with pytest.raises(BridgeError, match="an action arrived before the observation of the previous one"):
+                for _ in range(151):
+                    ws._read(ws._recv(20))
+        assert control.result(claim.token)["steps"] < 150
