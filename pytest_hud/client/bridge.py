@@ -348,6 +348,17 @@ class AsyncSlotClient:
         await self._send(action_frame(action) if render else unrendered_action_frame(action))
         return self._read(await self._recv(self.recv_timeout))
 
+    async def step_many(self, actions: Any) -> list[dict[str, Any]]:
+        """Several actions in one frame, their observation frames (:meth:`SlotClient.step_many`)."""
+        await self._send(actions_frame(actions))
+        frames = []
+        for _ in range(len(actions)):
+            frame = self._read(await self._recv(self.recv_timeout))
+            frames.append(frame)
+            if frame["terminated"]:
+                break
+        return frames
+
     async def close(self) -> None:
         try:
             await self._ws.close()

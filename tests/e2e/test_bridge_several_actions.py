@@ -6,6 +6,7 @@ the contract refuses, or a frame sent before the last observation fails that slo
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import SIMKIT
-from pytest_hud.client.bridge import BridgeError, ControlClient, SlotClient
+from pytest_hud.client.bridge import AsyncControlClient, AsyncSlotClient, BridgeError, ControlClient, SlotClient
 from pytest_hud.client.protocol import action_frame, actions_frame
 from pytest_hud.wire.codec import packb
 
@@ -87,6 +88,28 @@ def test_a_whole_episode_in_one_frame(bridge):
         assert control.result(claim.token)["steps"] == 200
     assert len(frames) == 200 and frames[-1]["terminated"] and frames[-1]["truncated"]
     assert frames[-1]["state"].tobytes() == pendulum_frames(4, actions[:200])[-1].astype(np.float32).tobytes()
+
+
+def test_the_asyncio_client_sends_several_actions_too(bridge):
+    address = bridge("Pendulum-v1", 1)
+
+    async def go():
+        control = await AsyncControlClient.connect(address)
+        try:
+            claim = await control.claim(seed=8)
+            ws = await AsyncSlotClient.connect(address, claim.token, recv_timeout=20)
+            try:
+                frames = [ws.first_observation] + await ws.step_many(ACTIONS)
+            finally:
+                await ws.close()
+            return frames, await control.result(claim.token)
+        finally:
+            await control.close()
+
+    frames, grade = asyncio.run(go())
+    assert [f["state"].tobytes() for f in frames] == [
+        f.astype(np.float32).tobytes() for f in pendulum_frames(8, ACTIONS)]
+    assert grade["steps"] == len(ACTIONS)
 
 
 def test_the_frames_stop_at_the_episodes_end(bridge):

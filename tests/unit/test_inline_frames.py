@@ -125,3 +125,22 @@ def test_a_frame_reward_is_the_float32_the_wire_gives_whether_cached_or_not(rewa
         want = np.float32(reward)
         assert type(got) is np.float32
         assert got.tobytes() == want.tobytes()  # bit for bit: the sign of zero, NaN, overflow to inf
+
+
+def test_several_actions_give_the_frames_of_single_steps_up_to_the_end(sims):
+    """``step_many`` in the worker, as a bridge's slot answers a frame of several actions: the
+    frames of the same actions sent one by one, and none after the episode's end."""
+    bridge = InlineBridge(f"{sims}:same", {})
+    try:
+        single = bridge.claim(seed=0)
+        slot = bridge.open_slot(single.token)
+        one_by_one = [slot.step(np.array([1])) for _ in range(3)]
+        bridge.result(single.token)
+        several = bridge.claim(seed=0)
+        frames = bridge.open_slot(several.token).step_many(np.ones((5, 1), np.int64))
+        assert len(frames) == 3 and frames[-1]["terminated"]
+        for a, b in zip(one_by_one, frames):
+            assert {k: np.asarray(v).tobytes() for k, v in a.items()} == {k: np.asarray(v).tobytes() for k, v in b.items()}
+        assert bridge.result(several.token)["steps"] == 3
+    finally:
+        bridge.close()
