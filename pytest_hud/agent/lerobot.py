@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from pytest_hud.core.specs import CONFIG_FILE, WEIGHTS_FILE, checkpoint_type, looks_like_lerobot_checkpoint
+
 __all__ = [
     "CONFIG_FILE",
     "WEIGHTS_FILE",
@@ -40,8 +42,6 @@ __all__ = [
     "looks_like_lerobot_checkpoint",
 ]
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 PREPROCESSOR_FILE = "policy_preprocessor.json"
 POSTPROCESSOR_FILE = "policy_postprocessor.json"
 
@@ -70,26 +70,6 @@ _FIX_HINT = (
     "or map them explicitly with LeRobotPolicy.from_checkpoint(path, rename={'<observation key>': "
     "'<policy input feature>'})."
 )
-
-
-def looks_like_lerobot_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` is a folder holding a LeRobot policy (``config.json`` with a policy ``type``,
-    and ``model.safetensors``). Reads one small JSON file; imports neither torch nor lerobot."""
-    return _checkpoint_type(Path(path)) is not None
-
-
-def _checkpoint_type(folder: Path) -> str | None:
-    """The policy ``type`` of the LeRobot checkpoint in ``folder`` (None: it holds none)."""
-    config_file = folder / CONFIG_FILE
-    if not (config_file.is_file() and (folder / WEIGHTS_FILE).is_file()):
-        return None
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    # transformers checkpoints also have config.json + model.safetensors, keyed "model_type".
-    kind = config.get("type") if isinstance(config, dict) else None
-    return kind if isinstance(kind, str) else None
 
 
 def offline() -> None:
@@ -233,7 +213,7 @@ class LeRobotPolicy:
         observation keys to policy input features where the default naming does not fit.
         """
         folder = Path(path)
-        policy_type = _checkpoint_type(folder)
+        policy_type = checkpoint_type(folder)
         if policy_type is None:
             raise FileNotFoundError(
                 f"{folder} is not a LeRobot checkpoint folder: it needs {CONFIG_FILE} (with a policy "

@@ -23,13 +23,17 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import numpy as np
+from pytest_hud.core.specs import (
+    CONFIG_FILE, WEIGHTS_FILE, Spec, SpecError, hash_files, looks_like_lerobot_checkpoint, parse_spec, resolve,
+    unimportable,
+)
 
-from pytest_hud.core.contract import Contract
-from pytest_hud.core.specs import Spec, SpecError, hash_files, parse_spec, resolve, unimportable
-from pytest_hud.agent.lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
+if TYPE_CHECKING:  # (numpy and the contract only in annotations: the controller checks specs without them)
+    import numpy as np
+
+    from pytest_hud.core.contract import Contract
 
 __all__ = ["Model", "PolicyError", "as_model", "check_policy_spec", "load_policy", "policy_content_hash",
            "policy_spec"]
@@ -166,8 +170,6 @@ def _top_level_names(file: Path) -> set[str] | None:
 
 def _why_not_a_checkpoint(folder: Path) -> str:
     """What a path given as a checkpoint lacks, as the end of an error message ('' when unsure)."""
-    from pytest_hud.agent.lerobot import CONFIG_FILE, WEIGHTS_FILE
-
     if not folder.exists():
         return f": {str(folder)!r} does not exist"
     if not folder.is_dir():

@@ -269,7 +269,7 @@ class HudController:
         spec = self.settings.policy_cli
         if not self.settings.policy_server:
             return
-        from pytest_hud.agent.lerobot import looks_like_lerobot_checkpoint  # reads a JSON file; imports no torch
+        from pytest_hud.core.specs import looks_like_lerobot_checkpoint  # reads a JSON file; no numpy, no torch
 
         if spec and looks_like_lerobot_checkpoint(Path(spec).expanduser()):
             for worker in range(min(self.settings.policy_replicas, self.workers)):

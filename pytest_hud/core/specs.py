@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import importlib.util
 import os
 import sys
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["Spec", "SpecError", "as_spec", "parse_spec", "portable_spec", "resolve", "unimportable"]
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "Spec", "SpecError", "as_spec", "checkpoint_type",
+           "looks_like_lerobot_checkpoint", "parse_spec", "portable_spec", "resolve", "unimportable"]
 
 Role = Literal["sim", "policy"]
 KINDS = ("url", "file", "module", "checkpoint", "gym")
@@ -204,3 +206,29 @@ def hash_files(files: Sequence[str], stop: Any = None) -> str:
                     raise InterruptedError(f"hashing {f} was stopped")
                 h.update(block)
     return "sha256:" + h.hexdigest()
+
+
+#: What a LeRobot policy checkpoint folder holds (``save_pretrained``): its configuration and weights.
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def looks_like_lerobot_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a folder holding a LeRobot policy (``config.json`` with a policy ``type``,
+    and ``model.safetensors``). Reads one small JSON file; imports neither numpy, torch nor lerobot
+    (the controller asks, before its workers start)."""
+    return checkpoint_type(Path(path)) is not None
+
+
+def checkpoint_type(folder: Path) -> str | None:
+    """The policy ``type`` of the LeRobot checkpoint in ``folder`` (None: it holds none)."""
+    config_file = folder / CONFIG_FILE
+    if not (config_file.is_file() and (folder / WEIGHTS_FILE).is_file()):
+        return None
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    # transformers checkpoints also have config.json + model.safetensors, keyed "model_type".
+    kind = config.get("type") if isinstance(config, dict) else None
+    return kind if isinstance(kind, str) else None
