@@ -351,3 +351,29 @@ class FaultyCounterSim(CounterSim):
 
 def faulty_counter(num_envs: int, length: int = 400):
     return FaultyCounterSim(num_envs, length=length)
+
+
+class _BigFrames(gym.Env):
+    """A camera of ``size``x``size``x3 bytes whose every pixel is the step count (mod 256), and a
+    step of microseconds: frames come faster than a slow reader takes them."""
+
+    def __init__(self, size: int = 256):
+        self.observation_space = spaces.Box(0, 255, (size, size, 3), np.uint8)
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.t = 0
+        self.frame = np.zeros((size, size, 3), np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.frame[...] = 0
+        return self.frame.copy(), {}
+
+    def step(self, action):
+        self.t += 1
+        self.frame[...] = self.t % 256
+        return self.frame.copy(), 0.0, False, self.t >= 5000, {}
+
+
+def big_frames(size: int = 256):
+    return _BigFrames(size)

@@ -463,6 +463,8 @@ class BridgeEngine:
                 limit, flag = ((self.timeouts.first_action, "--hud-first-action-timeout") if first
                                else (self.timeouts.step, "--hud-step-timeout"))
                 failure = ActionTimeout(
+                    f"slot {s.index}'s agent read none of its observations within {limit:g} s ({flag}), "
+                    "so its queued actions were not stepped; its peers continue" if s.awaiting == "read" else
                     f"slot {s.index} sent no {s.awaiting} within {limit:g} s ({flag}); its peers continue")
                 s.end(str(failure), failure)
                 expired.append((s, failure))

@@ -413,8 +413,7 @@ class BridgeServer:
         finally:
             self._sim_gate.release()
             self._ticking = False
-        self._arm_deadline()
-        self._tick_again()
+        self._tick_again(plan)
 
     def _deliver(self, plan: Any, result: Any, error: BaseException | None) -> None:
         """A step's outcome to its slots: each one's observation frame, or the sim's failure."""
@@ -476,17 +475,42 @@ class BridgeServer:
         finally:
             self._lanes_busy.discard(plan.lane)
             self._sim_gate.release_share()
-        self._arm_deadline()
-        self._tick_again()
+        self._tick_again(plan)
 
-    def _tick_again(self) -> None:
-        """After a step: the next one if due. A slot stepping its queued actions is due at once,
-        every step: that one starts on the loop's next turn, since a sim stepped on the loop's
-        thread would otherwise nest each step in the last one's stack."""
-        if self.engine.tick_rules.acted_again:
-            asyncio.get_running_loop().call_soon(self._maybe_tick)
-        else:
+    def _tick_again(self, plan: Any) -> None:
+        """After a step: the deadlines, and the next step if due.
+
+        A slot with queued actions (a frame of several) acts again at once, unless its agent reads
+        slower than the bridge writes (its connection's buffer is over its high-water mark): then
+        it waits, with the step timeout as its deadline, until ``ws_drained``, so the bridge holds at
+        most that buffer's worth of its frames. The next step starts on the loop's next turn: a
+        sim stepped on the loop's thread would otherwise nest each step in the last one's stack."""
+        rules = self.engine.tick_rules
+        if not rules.acted_again:
+            self._arm_deadline()
             self._maybe_tick()
+            return
+        now, sockets = time.monotonic(), self._sockets
+        for slot, token, _ in plan.acting:
+            if slot.queued and slot.token == token and slot.state is SlotState.LIVE and slot.pending_action is None:
+                conn = sockets.get(slot.index)
+                if conn is not None and conn.paused:
+                    slot.deadline, slot.awaiting = now + rules.step_timeout, "read"
+                else:
+                    slot.act_from_queue(now)
+        self._arm_deadline()
+        asyncio.get_running_loop().call_soon(self._maybe_tick)
+
+    def ws_drained(self, conn: WsConnection) -> None:
+        """The agent has read its frames: a slot held for it takes its next queued action."""
+        peer: _Peer | None = conn.data
+        slot = peer.slot if peer is not None else None
+        if (slot is None or slot.token != peer.token or slot.state is not SlotState.LIVE  # type: ignore[union-attr]
+                or slot.pending_action is not None or not slot.queued):
+            return
+        slot.act_from_queue(time.monotonic())
+        self._arm_deadline()
+        self._maybe_tick()
 
     def _call(self, callback: Callable[..., None], plan: Any, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the sim's thread, then ``callback(plan, result, error)`` on the loop."""

@@ -80,6 +80,10 @@ class Slot:
         self.queued.clear()
         self.deadline, self.awaiting = None, "first action"
 
+    def act_from_queue(self, now: float) -> None:
+        """Take the next of its queued actions as the pending one, which arrived ``now``."""
+        self.pending_action, self.acted_at, self.deadline = self.queued.popleft(), now, None
+
     def took_step(self, reward: float, success: bool, score: float | None, ended: bool, terminated: bool,
                   truncated: bool) -> None:
         """Tally one env-step of its episode: the return, success latched (a later step cannot take it

@@ -133,8 +133,9 @@ class TickRules:
             for slot in slots:
                 self.lane_slots.setdefault(lanes[slot.index], []).append(slot)  # type: ignore[index]
         self.ticks = self.slot_steps = self.env_steps = 0  # steps, slots stepped for agents, envs stepped
-        #: the last step delivered made a slot act again from its queued actions (the server then
-        #: ticks on the loop's next turn, not deeper in the stack of the step just done)
+        #: the last step delivered left a slot with queued actions (the server takes its next one,
+        #: or holds it while its agent reads slower than the bridge writes, and ticks on the loop's
+        #: next turn, not deeper in the stack of the step just done)
         self.acted_again = False
 
     def ready_to_step(self, now: float = math.inf) -> bool:
@@ -264,8 +265,7 @@ class TickRules:
             s.took_step(reward, success[i], None if score is None else score[i], done, bool(terminated[i]), truncated)
             s.last_action, s.pending_action = action, None
             if not done and s.state is SlotState.LIVE:
-                if s.queued:  # the next of its actions is in already: it acts again at once
-                    s.pending_action, s.acted_at = s.queued.popleft(), now
+                if s.queued:  # the next of its actions is in already (the server takes it)
                     self.acted_again = True
                 else:
                     s.deadline, s.awaiting = deadline, "action"

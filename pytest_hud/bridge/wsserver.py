@@ -9,7 +9,9 @@ written straight to the transport. The handler gets
 - ``ws_message(conn, data)`` per message (``bytes``, or ``str`` for a text frame), until either
   side starts the closing handshake,
 - ``ws_closed(conn)`` once, when the connection is gone (``conn.close_rcvd`` is the peer's close
-  code, if it sent one).
+  code, if it sent one),
+- ``ws_drained(conn)`` when the peer has read enough of what was written to it that the transport's
+  buffer is under its low-water mark again (``conn.paused`` says it is over its high-water mark).
 
 No extension is offered (a client asking for permessage-deflate gets none), and the server sends no
 pings: ticks may legitimately pause for minutes while a model warms up.
@@ -35,6 +37,9 @@ from pytest_hud.wire.messages import MessageAssembly
 __all__ = ["WsConnection", "WsHandler", "WsServer", "serve_ws"]
 
 _ids = itertools.count(1)
+#: Bytes a connection's transport may hold unsent before ``pause_writing`` (asyncio's default is 64 KiB,
+#: less than one camera frame of many sims); it resumes under a quarter of it.
+WRITE_BUFFER_HIGH = 4 * 2**20
 _OPEN = State.OPEN
 
 
@@ -42,6 +47,7 @@ class WsHandler(Protocol):
     def ws_open(self, conn: WsConnection) -> None: ...
     def ws_message(self, conn: WsConnection, data: bytes | str) -> None: ...
     def ws_closed(self, conn: WsConnection) -> None: ...
+    def ws_drained(self, conn: WsConnection) -> None: ...  # optional
 
 
 class WsConnection(asyncio.Protocol):
@@ -61,6 +67,9 @@ class WsConnection(asyncio.Protocol):
         self._opened = False  # the upgrade succeeded: ws_closed is owed
         self._closing = False  # this side started the closing handshake: no message is handed out
         self._assembly = MessageAssembly()
+        #: the transport holds more than its high-water mark of unsent bytes: the peer reads slower
+        #: than this side writes (``ws_drained`` when it is under the low-water mark again)
+        self.paused = False
 
     @property
     def state(self) -> State:
@@ -75,6 +84,9 @@ class WsConnection(asyncio.Protocol):
     # ------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        # a few frames may wait unread (a slot stepping a frame of several actions is held past
+        # this: :meth:`pause_writing`), so that stepping and the peer's reading overlap
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         if self._connections is not None:
             self._connections.add(self)
         # a socket that never completes its upgrade request is dropped, like websockets' open_timeout
@@ -133,6 +145,15 @@ class WsConnection(asyncio.Protocol):
         self.protocol.receive_eof()
         self._flush()
         return None  # asyncio closes the transport; connection_lost follows
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        drained = getattr(self.handler, "ws_drained", None)  # (a handler that never holds a reader has none)
+        if self._opened and drained is not None:
+            drained(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._cancel_timer()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -158,3 +159,40 @@ def test_an_action_sent_before_the_last_observation_of_several_fails_the_slot(br
                 for _ in range(151):
                     ws._read(ws._recv(20))
         assert control.result(claim.token)["steps"] < 150
+
+
+def slot_steps(control, index):
+    return next(s["steps"] for s in control.stats()["slots"] if s["slot"] == index)
+
+
+def test_the_bridge_holds_queued_actions_while_their_agent_reads_slower_than_it_writes(bridge):
+    """Frames of 196 KB in microseconds each: an agent that has not read yet holds the slot's queued
+    actions once its connection's buffers are full (the bridge keeps a bounded share of them, not
+    the episode), and gets every frame, in order, once it reads; its peer steps meanwhile."""
+    address = bridge(f"{SIMKIT}:big_frames", 2)
+    with ControlClient(address) as control:
+        slow, quick = control.claim(seed=1), control.claim(seed=2)
+        with SlotClient(address, slow.token, recv_timeout=20) as ws, \
+                SlotClient(address, quick.token, recv_timeout=20) as peer:
+            ws._send(actions_frame(np.zeros((2000, 1), np.float32)))
+            time.sleep(1.0)
+            held = slot_steps(control, slow.slot)
+            assert 0 < held < 200, held  # about the socket's and transport's buffers, in frames
+            assert len(peer.step_many(np.zeros((300, 1), np.float32))) == 300  # its peer goes on
+            assert slot_steps(control, slow.slot) == held  # still held: nothing read
+            frames = [ws._read(ws._recv(20)) for _ in range(2000)]
+        assert [int(f["pixels"][0, 0, 0]) for f in frames] == [(t + 1) % 256 for t in range(2000)]
+        assert control.result(slow.token)["steps"] == 2000
+        assert control.result(quick.token)["steps"] == 300
+
+
+def test_an_agent_that_never_reads_its_observations_fails_at_the_step_timeout(bridge):
+    address = bridge(f"{SIMKIT}:big_frames", 1, "--step-timeout", "1")
+    with ControlClient(address) as control:
+        claim = control.claim(seed=1)
+        with SlotClient(address, claim.token, recv_timeout=20) as ws:
+            ws._send(actions_frame(np.zeros((2000, 1), np.float32)))
+            time.sleep(2.5)
+            grade = control.result(claim.token)
+    assert grade["steps"] < 200
+    assert "agent read none of its observations within 1 s (--hud-step-timeout)" in grade["error"]
