@@ -1,7 +1,9 @@
 """Several actions in one frame (``{"actions": [T, *action], "steps": T}``, what a replay sends):
 the bridge steps them back to back in every tick mode, one observation frame each, the same bytes
 as one action per frame; the frames stop at the episode's end; a frame that is not T actions, a row
-the contract refuses, or a frame sent before the last observation fails that slot with the reason.
+the contract refuses, or a frame sent before the last observation fails that slot with the reason;
+an agent that reads slower than the bridge writes holds its slot's next actions (the bridge keeps a
+bounded share of its frames), and one that never reads fails at the step timeout.
 """
 
 from __future__ import annotations
