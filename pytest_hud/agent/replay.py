@@ -13,8 +13,9 @@ declares ``replays = True`` and answers ``wants_replay(result, error)`` after ea
 For an episode it wants, the agent claims the same episode again (:meth:`Episode.rerun
 <pytest_hud.client.episode.Episode.rerun>`: the same seed, task, options, build and prompt), sends
 the same actions with every frame rendered (all in one frame, :meth:`SlotClient.step_many
-<pytest_hud.client.bridge.SlotClient.step_many>`: the bridge steps them back to back), and hands the observer the replayed frames
-(``on_start``, then ``on_step`` per action, with ``inference_s`` 0) before its ``on_end``. The same
+<pytest_hud.client.bridge.SlotClient.step_many>`: the bridge steps them back to back), and hands
+the observer the replayed frames (``on_start``, then ``on_step`` per action, with ``inference_s``
+0) before its ``on_end``. The same
 claim and the same actions give the same episode (the determinism guarantee), and every replay is
 checked against the episode: the frames rendered during it (every one the policy read) and the
 grade must come back bit-identical. A replay that differs is thrown away with a
