@@ -23,8 +23,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from pytest_hud.client.address import BridgeAddress
 from pytest_hud.client.protocol import (
-    BridgeError, Claim, action_frame, actions_frame, claim_frame, closed_error, control_error, read_claim, read_contract,
-    ObservationReader, read_frame, send_error, unrendered_action_frame,
+    BridgeError, Claim, action_frame, actions_frame, claim_frame, closed_error, control_error, frames_to_end,
+    read_claim, read_contract, ObservationReader, read_frame, send_error, unrendered_action_frame,
 )
 from pytest_hud.core.contract import Contract
 from pytest_hud.wire.rpc import AsyncRpcClient, RpcClient, RpcError
@@ -257,13 +257,7 @@ class SlotClient:
         says so). One message instead of ``T`` round trips: the bridge steps the slot again as soon
         as it has sent a frame, without waiting for this agent (:func:`actions_frame`)."""
         self._send(actions_frame(actions))
-        frames = []
-        for _ in range(len(actions)):
-            frame = self._read(self._recv(self.recv_timeout))
-            frames.append(frame)
-            if frame["terminated"]:
-                break
-        return frames
+        return frames_to_end(lambda: self._read(self._recv(self.recv_timeout)), len(actions))
 
     def close(self) -> None:
         self._ws.close()

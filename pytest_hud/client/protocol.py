@@ -12,6 +12,7 @@ of every error a worker can see from a bridge lives in one place:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "claim_frame",
     "unrendered_action_frame",
     "closed_error",
+    "frames_to_end",
     "control_error",
     "read_claim",
     "read_contract",
@@ -116,6 +118,17 @@ def actions_frame(actions: Any) -> bytes:
     """
     arr = np.asarray(actions)
     return packb({"actions": arr, "steps": len(arr)})
+
+
+def frames_to_end(next_frame: Callable[[], dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """The observation frames of a frame of ``count`` actions, each from ``next_frame()``: ``count``
+    of them, or fewer when one says the episode is over (no frame follows it)."""
+    frames = []
+    for _ in range(count):
+        frames.append(next_frame())
+        if frames[-1]["terminated"]:
+            break
+    return frames
 
 
 def read_frame(raw: bytes | str, what: str) -> dict[str, Any]:

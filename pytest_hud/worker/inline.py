@@ -26,7 +26,7 @@ from pytest_hud.bridge.engine import BridgeEngine, Timeouts
 from pytest_hud.bridge.exceptions import SlotError, SlotFailure, TaskError
 from pytest_hud.bridge.simcalls import explain, reset_and_observe
 from pytest_hud.bridge.slots import SlotState
-from pytest_hud.client.protocol import BridgeError, Claim, action_frame, read_frame
+from pytest_hud.client.protocol import BridgeError, Claim, action_frame, frames_to_end, read_frame
 from pytest_hud.core.contract import Contract, ContractError
 from pytest_hud.sim.base import GymSim, SlotFaults, info_success
 from pytest_hud.sim.target import load_sim
@@ -254,12 +254,8 @@ class InlineSlot:
     def step_many(self, actions: Any) -> list[dict[str, Any]]:
         """Several actions in turn, as :meth:`SlotClient.step_many <pytest_hud.client.bridge.SlotClient.step_many>`
         (here there is no round trip to save): their frames, up to the episode's end."""
-        frames = []
-        for action in actions:
-            frames.append(self.step(action))
-            if frames[-1]["terminated"]:
-                break
-        return frames
+        rows = iter(actions)
+        return frames_to_end(lambda: self.step(next(rows)), len(actions))
 
     def _step_sim(self, action: Any) -> tuple[float, bool, float | None, bool, bool]:
         """One step of a sim other than a GymSim, as the bridge steps a slot of it: the action
