@@ -1,6 +1,7 @@
 """Bridge CPU per slot-step, like for like: the same external lean client against each bridge.
 
     python benchmarks/bridge_cpu.py [--before REF] [--ticks 3000] [--repeat 2] [--no-hud] [--env null]
+    python benchmarks/bridge_cpu.py --env pusht --vectorization processes --read-every 10 --no-hud --before REF
 
 Workload: Pendulum-v1 at width 8, 8 slots driven by one lean client process (msgpack +
 websockets, no pytest-hud import, zero actions). What counts is the CPU time (user + system) of
@@ -9,7 +10,12 @@ cost cannot hide or inflate the bridge's. Per-thread figures (from ``/proc/PID/t
 the bridge spends it: the sim's main thread vs the I/O loop thread; then user vs system time, and
 how often the bridge's threads went to sleep (voluntary context switches) per slot-step. ``--env
 null`` serves an env with Pendulum's spaces and a step that costs nothing
-(``benchmarks/null_env.py``) on every bridge: what is left is each bridge's own machinery.
+(``benchmarks/null_env.py``) on every bridge: what is left is each bridge's own machinery. ``--env
+pusht`` serves LeRobot's PushT from pixels (``evals/sims/pusht.py``, needs gym-pusht; pytest-hud
+bridges only), and ``--read-every K`` has the client mark the images of all but every K-th step
+unread (``"render": false``), as a worker running an ACT with K-step chunks does.
+``--vectorization processes`` puts the envs in one process per core; their CPU counts in the
+bridge's (``env processes``).
 
 Bridges, measured in turn, ``--repeat`` times, interleaved (the machine is shared and noisy):
 
@@ -43,8 +49,11 @@ TICK_S = os.sysconf("SC_CLK_TCK")
 TICK = ["lockstep"]  # --tick for bridges that have the option (set from the command line)
 # --env: what each bridge serves (pytest-hud's target, the HUD SDK's gymnasium id)
 ENVS = {"pendulum": ("Pendulum-v1", "Pendulum-v1"),
-        "null": (f"{ROOT / 'benchmarks' / 'null_env.py'}:make", "null_env:NullPendulum-v0")}
+        "null": (f"{ROOT / 'benchmarks' / 'null_env.py'}:make", "null_env:NullPendulum-v0"),
+        "pusht": (f"{ROOT / 'evals' / 'sims' / 'pusht.py'}:make_pusht", None)}
+ACTION_DIMS = {"pendulum": 1, "null": 1, "pusht": 2}
 ENV = ["pendulum"]
+VECTORIZATION = ["sync"]  # --vectorization for pytest-hud bridges
 
 
 # ----------------------------------------------------------------- the lean client
@@ -59,7 +68,10 @@ async def _lean_client(spec: dict) -> None:
     from websockets.asyncio.client import connect, unix_connect
 
     width, ticks, warm = spec["width"], spec["ticks"], spec["warmup"]
-    action = msgpack.packb({"actions": _pack_array(np.zeros(spec["action_dim"], np.float32))})
+    zeros = _pack_array(np.zeros(spec["action_dim"], np.float32))
+    read_every = spec.get("read_every", 1)
+    action = msgpack.packb({"actions": zeros})
+    unread_action = msgpack.packb({"actions": zeros, "render": False})  # its image goes unread
     steps = [0]
     marks: dict[str, asyncio.Event] = {"go": asyncio.Event(), "stop": asyncio.Event()}
     claiming = asyncio.Lock()
@@ -106,8 +118,10 @@ async def _lean_client(spec: dict) -> None:
                 await ws.recv()  # metadata
                 await ws.send(msgpack.packb({"claim": token}))
                 frame = msgpack.unpackb(await ws.recv())
-                while not frame.get("terminated") and not marks["stop"].is_set():
-                    await ws.send(action)
+                t = 0
+                while not frame.get("terminated") and not frame.get("truncated") and not marks["stop"].is_set():
+                    t += 1
+                    await ws.send(action if t % read_every == 0 else unread_action)
                     frame = msgpack.unpackb(await ws.recv())
                     steps[0] += 1
                     if steps[0] == go_at:
@@ -141,7 +155,24 @@ def _cpu(pid: int) -> dict[str, float]:
             out["sleeps"] = out.get("sleeps", 0.0) + int(status.split("voluntary_ctxt_switches:")[1].split()[0])
         except (OSError, IndexError, ValueError):
             pass
-    out["total"] = out.get("main", 0.0) + out.get("other threads", 0.0)
+    children = 0.0  # the env processes (--vectorization processes) and anything they started
+    stack = [pid]
+    while stack:
+        try:
+            kids = Path(f"/proc/{stack.pop()}/task").glob("*/children")
+            found = [int(k) for f in kids for k in f.read_text().split()]
+        except OSError:
+            continue
+        for kid in found:
+            try:
+                fields = Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()
+                children += (int(fields[11]) + int(fields[12])) / TICK_S
+            except OSError:
+                continue
+            stack.append(kid)
+    if children:
+        out["env processes"] = children
+    out["total"] = out.get("main", 0.0) + out.get("other threads", 0.0) + children
     return out
 
 
@@ -172,7 +203,8 @@ def start(kind: str, code_root: Path | None, python: str, width: int, workdir: P
         tick = []  # lockstep on every side, like the other bridges (older trees have no --tick)
         if '"--tick"' in (Path(code_root) / "pytest_hud" / "sim" / "__main__.py").read_text():
             tick = ["--tick", TICK[0]]
-        proc = subprocess.Popen([python, "-m", "pytest_hud.bridge", ENVS[ENV[0]][0], "--width", str(width), "--vectorization", "sync",
+        proc = subprocess.Popen([python, "-m", "pytest_hud.bridge", ENVS[ENV[0]][0], "--width", str(width),
+                                 "--vectorization", VECTORIZATION[0],
                                  "--announce", str(announce), *tick], env=env, cwd=workdir)
         while not announce.exists():
             if proc.poll() is not None:
@@ -201,7 +233,8 @@ def start(kind: str, code_root: Path | None, python: str, width: int, workdir: P
 def measure(label: str, kind: str, code_root: Path | None, python: str, args, workdir: Path,
             unix: bool = False) -> dict:
     proc, where = start(kind, code_root, python, args.width, workdir, unix)
-    spec = dict(where, kind=kind, width=args.width, ticks=args.ticks, warmup=args.warmup, action_dim=1)
+    spec = dict(where, kind=kind, width=args.width, ticks=args.ticks, warmup=args.warmup,
+                action_dim=ACTION_DIMS[ENV[0]], read_every=args.read_every)
     client = subprocess.Popen([sys.executable, __file__, "--client", json.dumps(spec)],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -240,11 +273,18 @@ def main() -> None:
                         help="Interpreter with `hud` installed for the GymBridge run")
     parser.add_argument("--env", default="pendulum", choices=sorted(ENVS),
                         help="pendulum: Pendulum-v1; null: its spaces with a free step "
-                             "(benchmarks/null_env.py), so the bridges' own cost shows")
+                             "(benchmarks/null_env.py), so the bridges' own cost shows; pusht: LeRobot's "
+                             "PushT from pixels (gym-pusht; pytest-hud bridges only)")
+    parser.add_argument("--vectorization", default="sync", choices=("sync", "processes"),
+                        help="Vectorization of pytest-hud bridges (processes: their env processes' CPU counts)")
+    parser.add_argument("--read-every", type=int, default=1,
+                        help="The client reads the image of every K-th step and marks the others unread")
     parser.add_argument("--tick", default="lockstep", choices=("lockstep", "ready", "auto"),
                         help="Tick mode of pytest-hud bridges that have --tick (the others lockstep)")
     args = parser.parse_args()
-    TICK[0], ENV[0] = args.tick, args.env
+    TICK[0], ENV[0], VECTORIZATION[0] = args.tick, args.env, args.vectorization
+    if ENVS[args.env][1] is None:
+        args.no_hud = True  # no gymnasium id HUD's bridge could serve it as this one does
     if os.sep in args.hud_python:  # a path like .venv-hud/bin/python: the bridge starts in a temporary cwd
         args.hud_python = os.path.abspath(args.hud_python)
     if args.client:
@@ -269,7 +309,8 @@ def main() -> None:
             for label, kind, root, python, unix in setups:
                 rows.append(measure(label, kind, root, python, args, workdir, unix))
                 r = rows[-1]
-                threads = "  ".join(f"{k} {r['us'][k]:6.1f}" for k in ("main", "other threads", "user", "system")
+                threads = "  ".join(f"{k} {r['us'][k]:6.1f}" for k in ("main", "other threads", "env processes",
+                                                                        "user", "system")
                                     if r["us"].get(k, 0.0) > 0.5)
                 threads += f"  sleeps/slot-step {r['us'].get('sleeps', 0.0):.2f}"
                 print(f"{label:<22} bridge CPU {r['us']['total']:6.1f} µs/slot-step   "

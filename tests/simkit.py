@@ -119,6 +119,43 @@ def image_state():
     return _ImageStateEnv()
 
 
+class _SkippingCamera(gym.Env):
+    """An env whose camera image can be skipped (``hud_skip_render``): the image holds the step it
+    was drawn at, ``drawn`` counts the images drawn, ``t`` the steps; the seed offsets ``t``."""
+
+    def __init__(self):
+        self.observation_space = spaces.Dict({
+            "image": spaces.Box(0, 255, (4, 4, 3), np.uint8),
+            "t": spaces.Box(0, 1e6, (1,), np.float64),
+            "drawn": spaces.Box(0, 1e6, (1,), np.float64),
+        })
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self._t, self._drawn, self._skip, self._image = 0, 0, False, np.zeros((4, 4, 3), np.uint8)
+
+    def hud_skip_render(self, skip: bool) -> None:
+        self._skip = bool(skip)
+
+    def _obs(self):
+        if not self._skip:
+            self._image = np.full((4, 4, 3), self._t % 251, np.uint8)
+            self._drawn += 1
+        self._skip = False
+        return {"image": self._image.copy(), "t": np.array([float(self._t)]), "drawn": np.array([float(self._drawn)])}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t, self._drawn, self._skip = 1000 * (seed or 0), 0, False
+        return self._obs(), {}
+
+    def step(self, action):
+        self._t += 1
+        return self._obs(), float(action[0]), False, False, {}
+
+
+def skipping_camera():
+    return _SkippingCamera()
+
+
 class _TaskEnv(gym.Env):
     """One task of the ``multitask`` sim: state ``[task index, a seeded draw, step]``; lasts 3 + index steps."""
 

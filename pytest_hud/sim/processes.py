@@ -70,9 +70,6 @@ def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str,
                 call, args = conn.recv()
             except (EOFError, OSError):
                 return  # the bridge is gone
-            if call == "skip":  # flags for the next step's renders (no answer: the step answers)
-                sim.skip_renders(*args)
-                continue
             if call == "close":
                 sim.close()
                 conn.send(("ok", None))
@@ -83,21 +80,36 @@ def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str,
                     sim.rebuild_slot(*args)
                     conn.send(("ok", None))
                     continue
+                rows: list[int] | None  # the slots whose observations changed (None: all)
                 if call == "reset":
                     indices, seeds, options, tasks = args
                     # a multi-task sim takes each slot's task; other sims are never passed one
                     kwargs = {} if tasks is None else {"tasks": tasks}
                     flags = faults.call(sim.reset_slots, indices, seeds, options, **kwargs)
                     out: Any = (flags, sim_stats(sim))  # its counters change on resets (env builds)
-                elif call == "step":
-                    out = _batch_fields(faults.call(sim.step, *args))
+                    rows = sorted(set(indices))
                 else:
-                    out = _batch_fields(faults.call(sim.step_slots, *args))
-                conn.send(("called", (out, sim.observe(), dict(faults), sorted(faults.intact))))
+                    actions, mask, unread = args
+                    if unread is not None:  # flags for this step's renders only
+                        sim.skip_renders(unread)
+                    if call == "step":
+                        out, rows = _batch_fields(faults.call(sim.step, actions)), None
+                    else:
+                        out = _batch_fields(faults.call(sim.step_slots, actions, mask))
+                        rows = np.flatnonzero(mask).tolist()
+                conn.send(("called", (out, _rows(sim.observe(), rows), dict(faults), sorted(faults.intact))))
             except BaseException:  # noqa: BLE001 - raised in the bridge, which marks itself broken
                 conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _rows(obs: dict[str, np.ndarray], rows: list[int] | None) -> tuple[list[int] | None, dict[str, np.ndarray]]:
+    """What an answer carries of a block's observations: the rows of the slots a call reset or
+    stepped (the others are as the bridge last saw them), or all of them (``rows`` None)."""
+    if rows is None:
+        return None, obs
+    return rows, {key: value[rows] for key, value in obs.items()}
 
 
 class _Block:
@@ -182,13 +194,16 @@ class ProcessSim(VectorSim):
         self.lanes = tuple(k for k, block in enumerate(self._blocks) for _ in range(block.start, block.stop))
         self.supports_lane_ticks = self.supports_slot_step and len(self._blocks) > 1
         self._in_flight: set[int] = set()  # lanes whose step was begun and not yet ended
+        self._unread: np.ndarray | None = None  # skip_renders' flags, for the next step
 
     def contract(self) -> Contract:
         return self._contract
 
-    def _take(self, block: _Block, obs: dict[str, np.ndarray]) -> None:
-        for key, rows in obs.items():
-            self._obs[key][block.start:block.stop] = rows
+    def _take(self, block: _Block, answer: tuple[list[int] | None, dict[str, np.ndarray]]) -> None:
+        rows, obs = answer
+        at: Any = slice(block.start, block.stop) if rows is None else [block.start + r for r in rows]
+        for key, values in obs.items():
+            self._obs[key][at] = values
 
     def _gather(self, blocks: list[_Block], faults: FaultLog | None = None) -> list[Any]:
         """Every block's answer (all of them, even after one raised: the pipes stay in step); the
@@ -226,25 +241,31 @@ class ProcessSim(VectorSim):
         return flags
 
     def skip_renders(self, unread: np.ndarray) -> None:
-        """Each block's flags go down its pipe ahead of its step (blocks with none to skip: nothing)."""
-        for block in self._blocks:
-            rows = np.asarray(unread[block.start:block.stop], bool)
-            if rows.any():  # an env's flag holds for its next step only
-                block.send("skip", rows)
+        """Kept for the next step, whose call takes each block its flags (one message, not two)."""
+        self._unread = np.asarray(unread, bool).copy()
+
+    def _step_args(self, block: _Block, actions: np.ndarray, mask: np.ndarray | None,
+                   unread: np.ndarray | None) -> tuple[Any, ...]:
+        """A block's share of a step: its actions, mask and render flags (None when it reads all)."""
+        rows = slice(block.start, block.stop)
+        flags = None if unread is None or not unread[rows].any() else unread[rows]
+        return actions[rows], None if mask is None else mask[rows], flags
 
     def step(self, actions: np.ndarray) -> StepBatch:
         self._idle("step")
+        unread, self._unread = self._unread, None
         for block in self._blocks:
-            block.send("step", actions[block.start:block.stop])
+            block.send("step", *self._step_args(block, actions, None, unread))
         return self._faulted(self._blocks)
 
     def step_slots(self, actions: np.ndarray, mask: np.ndarray) -> StepBatch:
         self._idle("step_slots")
         if not self.supports_slot_step:
             raise NotImplementedError("only a SyncVectorEnv with autoreset disabled steps a subset of slots")
+        unread, self._unread = self._unread, None
         blocks = [b for b in self._blocks if mask[b.start:b.stop].any()]
         for block in blocks:
-            block.send("step_slots", actions[block.start:block.stop], mask[block.start:block.stop])
+            block.send("step_slots", *self._step_args(block, actions, mask, unread))
         return self._faulted(blocks)
 
     def _faulted(self, blocks: list[_Block]) -> StepBatch:
@@ -271,9 +292,7 @@ class ProcessSim(VectorSim):
         block = self._blocks[lane]
         if lane in self._in_flight:
             raise RuntimeError(f"the env process of {block.slots} is already stepping")
-        if unread is not None and unread[block.start:block.stop].any():
-            block.send("skip", np.asarray(unread[block.start:block.stop], bool))
-        block.send("step_slots", actions[block.start:block.stop], mask[block.start:block.stop])
+        block.send("step_slots", *self._step_args(block, actions, mask, unread))
         self._in_flight.add(lane)
 
     def lane_fileno(self, lane: int) -> int:

@@ -261,6 +261,41 @@ def test_the_stepping_hint_speaks_only_when_spreading_envs_over_cores_would_pay(
         sim.close()
 
 
+def test_envs_in_processes_see_the_same_steps_and_render_flags_as_in_one_process():
+    """Slots stepped a few at a time, some told their next image goes unread: every row of every
+    observation is what the one-process sim gives, and a flag holds for its slot's next step only
+    (an answer carries the rows of the slots it stepped, a step takes its flags with it)."""
+    from pytest_hud.sim.processes import ProcessSim
+    from pytest_hud.sim.target import build_sync
+
+    target = f"{SIMKIT}:skipping_camera"
+    one = build_sync(target, 4, {}, None)
+    split = ProcessSim(target, 4, {}, None, 2, build=build_sync)
+    try:
+        rng = np.random.default_rng(3)
+        for sim in (one, split):
+            sim.reset_slots([0, 1, 2, 3], [1, 2, 3, 4], [None] * 4)
+        for _ in range(40):
+            mask = rng.random(4) < 0.5
+            unread = mask & (rng.random(4) < 0.6)  # as the bridge flags them: stepped slots only
+            actions = rng.uniform(-1, 1, (4, 1)).astype(np.float32)
+            if rng.random() < 0.2:  # a reset of one slot between steps
+                slot = int(rng.integers(4))
+                for sim in (one, split):
+                    sim.reset_slots([slot], [slot + 7], [None])
+            for sim in (one, split):
+                sim.skip_renders(unread.copy())
+                if mask.any():
+                    sim.step_slots(actions, mask)
+            for key, rows in one.observe().items():
+                np.testing.assert_array_equal(split.observe()[key], rows, err_msg=key)
+        drawn = split.observe()["drawn"][:, 0]
+        assert (drawn < split.observe()["t"][:, 0] % 1000 + 1).any()  # some renders were skipped
+    finally:
+        one.close()
+        split.close()
+
+
 # ----------------------------------------------------------------- --hud-vectorization=auto
 def test_auto_spreads_envs_whose_step_is_slow_over_processes_and_keeps_cheap_ones_in_the_bridge():
     from pytest_hud.sim.processes import ProcessSim
