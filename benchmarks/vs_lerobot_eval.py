@@ -49,6 +49,11 @@ episodes, reports):
   number of videos ``lerobot-eval`` writes (its ``--eval.max_episodes_rendered``, default 10): at
   most 10 videos of failed episodes, the episodes past them rendering only what the policy reads;
 - ``hud-server-novideo`` (not run by default): ``hud-server`` with ``--hud-video=none``;
+- ``hud-server-rerun``, ``hud-server-10videos-rerun`` (not run by default): ``hud-server`` and
+  ``hud-server-10videos`` run a second time, with the pytest cache their first run (made just
+  before, not timed) left, as a user re-running a suite has it: the episodes that failed then render
+  their videos as they run instead of from a replay (the other setups run without the cache, as a
+  first run);
 - ``lerobot-eval-96``: ``lerobot-eval`` with ``--env.visualization_width=96
   --env.visualization_height=96``, the cheapest videos its CLI allows.
 
@@ -176,11 +181,14 @@ def lerobot_eval(python_bin: Path, checkpoint: Path, args, scratch: Path, env: d
 
 
 def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dict[str, str],
-               name: str, extra: list[str], tree: Path = ROOT) -> dict:
+               name: str, extra: list[str], tree: Path = ROOT, rerun: bool = False) -> dict:
+    """One timed pytest-hud run; ``rerun``: the suite's second run, its pytest cache left by a first
+    run made just before (untimed), as a user re-running a suite has it."""
     results = scratch / f"{name}.jsonl"
+    cache = ["-o", f"cache_dir={scratch / ('cache-' + name)}"] if rerun else ["-p", "no:cacheprovider"]
     command = [
         str(python_bin), "-m", "pytest", "evals/test_pusht.py", "-n", str(args.width),
-        f"--hud-width={args.width}", "-q", "-p", "no:cacheprovider", f"--hud-results={results}",
+        f"--hud-width={args.width}", "-q", *cache, f"--hud-results={results}",
         *extra,
     ]
     env = dict(env, PUSHT_CHECKPOINT=str(checkpoint), PUSHT_EPISODES=str(args.episodes),
@@ -191,6 +199,9 @@ def pytest_hud(python_bin: Path, checkpoint: Path, args, scratch: Path, env: dic
     log = scratch / f"{name}.log"
     if tree != ROOT:  # a git ref's package: run in its tree (git_ref.tree_with_package)
         env = dict(env, PYTHONPATH=os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]))
+    if rerun:
+        shutil.rmtree(scratch / ("cache-" + name), ignore_errors=True)
+        run_timed(command, env, log, python_bin, tree)  # the first run: leaves the cache
     wall, code = run_timed(command, env, log, python_bin, tree)
     row = {"name": name, "command": " ".join(command[2:]), "wall_s": wall, "code": code, "log": log}
     row["startup"] = next((line for line in log.read_text().splitlines() if line.startswith("startup (")), None)
@@ -222,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server", "hud-server-sync",
                  "hud-server-async", "hud-server-processes", "hud-server-processes-lockstep",
                  "hud-server-processes-ready", "hud-server-threads", "hud-server-ready", "hud-server-named", "hud-server-before",
-                 "hud-server-10videos", "hud-server-novideo"],
+                 "hud-server-10videos", "hud-server-novideo", "hud-server-rerun", "hud-server-10videos-rerun"],
         help="What to run, in this order; repeats allowed (the ratio uses the median lerobot-eval wall time)")
     parser.add_argument("--before", default=None, metavar="REF",
                         help="Git ref whose pytest_hud the hud-server-before setup runs (the code before a change)")
@@ -294,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
                                                            ["--hud-policy-server", "--hud-video-max=10"]),
             "hud-server-novideo": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                           ["--hud-policy-server", "--hud-video=none"]),
+            "hud-server-rerun": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                        ["--hud-policy-server"], rerun=True),
+            "hud-server-10videos-rerun": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
+                                                                 ["--hud-policy-server", "--hud-video-max=10"],
+                                                                 rerun=True),
             "hud-server-named": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                         ["--hud-policy-server", f"--hud-policy={checkpoint}"]),
             "hud-server-before": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,

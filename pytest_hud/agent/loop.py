@@ -64,12 +64,16 @@ class Agent:
         self.live_above = REPLAYED_SHARE  # 1.0: always skip and replay
 
     # ------------------------------------------------------------------ sync
-    def run(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
-        """Run ``episode`` to its end; claims it first if it is not claimed yet."""
+    def run(self, episode: Episode, max_steps: int | None = None, *, failed_before: bool = False) -> EpisodeResult:
+        """Run ``episode`` to its end; claims it first if it is not claimed yet.
+
+        ``failed_before``: the episode failed when its suite last ran (pytest's cache), so an
+        observer that replays failed episodes most likely wants it: it renders live instead of
+        being replayed (:meth:`_taping`)."""
         if episode.token is None and episode.grade_data is None:
             with episode:
-                return self.run(episode, max_steps)
-        loop = self._start(episode, max_steps)
+                return self.run(episode, max_steps, failed_before=failed_before)
+        loop = self._start(episode, max_steps, failed_before)
         with self._reporting(episode, loop), \
                 episode.open_slot(self.recv_timeout) as slot:
             try:
@@ -92,7 +96,9 @@ class Agent:
         skipping pays while fewer than about three episodes in four are replayed. Once more than
         that share of this agent's episodes would have been (a policy that fails most episodes, with
         videos of failures), its episodes render live, until the share falls again; a replay that
-        differed turns taping off for good (``replays_exact``)."""
+        differed turns taping off for good (``replays_exact``). An episode that failed when its
+        suite last ran renders live whatever the share (``failed_before``): its first wave, which
+        has no share yet, is where a run of a failing policy would otherwise replay most."""
         return self.replays_exact and self.wanted <= self.live_above * self.watched
 
     def _count(self, result: EpisodeResult | None, error: str | None) -> None:
@@ -103,12 +109,13 @@ class Agent:
             self.wanted += any(o.wants_replay(result, error) for o in replaying)
 
     # ---------------------------------------------------------------- asyncio
-    async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
+    async def arun(self, episode: Episode, max_steps: int | None = None, *,
+                   failed_before: bool = False) -> EpisodeResult:
         """asyncio version of :meth:`run` (the model's ``predict`` is called inline)."""
         if episode.token is None and episode.grade_data is None:
             async with episode:
-                return await self.arun(episode, max_steps)
-        loop = self._start(episode, max_steps)
+                return await self.arun(episode, max_steps, failed_before=failed_before)
+        loop = self._start(episode, max_steps, failed_before)
         with self._reporting(episode, loop):
             slot = await episode.aopen_slot(self.recv_timeout)
             try:
@@ -124,7 +131,7 @@ class Agent:
         return self._end(episode, result)
 
     # ------------------------------------------------------ shared by both
-    def _start(self, episode: Episode, max_steps: int | None) -> EpisodeLoop:
+    def _start(self, episode: Episode, max_steps: int | None, failed_before: bool = False) -> EpisodeLoop:
         if episode.token is None:
             raise EpisodeError(
                 "episode is not claimed; use `with shared_sim.episode(seed=...) as ep:` or pass "
@@ -142,7 +149,7 @@ class Agent:
         cameras = getattr(episode.contract, "cameras", None)
         present = [o for o in self.observers if (cameras or not getattr(o, "cameras_only", False))
                    and (getattr(o, "wants_episode", None) is None or o.wants_episode(episode))]
-        can_replay = self._taping() and episode.seed is not None and cameras
+        can_replay = not failed_before and self._taping() and episode.seed is not None and cameras
         replaying = [o for o in present if getattr(o, "replays", False)] if can_replay else []
         watching = [o for o in present if not any(o is r for r in replaying)]
         return EpisodeLoop(

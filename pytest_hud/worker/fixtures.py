@@ -31,11 +31,14 @@ class RobotAgent:
     """
 
     def __init__(self, session: HudSession, policy: str | None, max_steps: int | None,
-                 rename: dict[str, str] | None = None):
+                 rename: dict[str, str] | None = None, failed_before: bool = False):
         self.session = session
         self.policy = policy
         self.max_steps = max_steps
         self.rename = dict(rename if rename is not None else session.settings.rename)
+        #: the test failed when the suite last ran (pytest's cache): a failed episode's video then
+        #: renders as it runs instead of from a replay (:meth:`pytest_hud.agent.loop.Agent.run`)
+        self.failed_before = failed_before
 
     def agent_for(self, episode: Episode) -> Agent:
         from pytest_hud.client.episode import EpisodeError
@@ -51,18 +54,20 @@ class RobotAgent:
     def run(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
         """Run ``episode`` to its end (claiming it first if needed) and return its result."""
         agent = self.agent_for(episode)  # load the model before claiming: warm-up holds no slot
+        steps = max_steps if max_steps is not None else self.max_steps
         if episode.token is None and episode.grade_data is None:
             with episode:
-                return agent.run(episode, max_steps if max_steps is not None else self.max_steps)
-        return agent.run(episode, max_steps if max_steps is not None else self.max_steps)
+                return agent.run(episode, steps, failed_before=self.failed_before)
+        return agent.run(episode, steps, failed_before=self.failed_before)
 
     async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
         """asyncio version of :meth:`run`."""
         agent = await asyncio.to_thread(self.agent_for, episode)
+        steps = max_steps if max_steps is not None else self.max_steps
         if episode.token is None and episode.grade_data is None:
             async with episode:
-                return await agent.arun(episode, max_steps if max_steps is not None else self.max_steps)
-        return await agent.arun(episode, max_steps if max_steps is not None else self.max_steps)
+                return await agent.arun(episode, steps, failed_before=self.failed_before)
+        return await agent.arun(episode, steps, failed_before=self.failed_before)
 
     @property
     def model(self) -> Any:
@@ -106,6 +111,23 @@ def item_settings(item: pytest.Item, session: HudSession):
     return settings
 
 
+_LAST_FAILED = pytest.StashKey[frozenset]()
+
+
+def failed_last_run(config: pytest.Config) -> frozenset[str]:
+    """The node ids of the tests that failed when this suite last ran: pytest's own record
+    (``cache/lastfailed``, read once per process); empty without the cache plugin or a last run."""
+    failed = config.stash.get(_LAST_FAILED, None)
+    if failed is None:
+        cache = getattr(config, "cache", None)
+        try:
+            failed = frozenset(cache.get("cache/lastfailed", {}) or {}) if cache is not None else frozenset()
+        except (TypeError, ValueError):  # a hand-edited cache file: no record
+            failed = frozenset()
+        config.stash[_LAST_FAILED] = failed
+    return failed
+
+
 def _session(request: pytest.FixtureRequest) -> HudSession:
     session = worker_session(request.config)
     if session is None:
@@ -143,4 +165,5 @@ def robot_agent(request: pytest.FixtureRequest) -> RobotAgent:
     problem = rename_problem(hud_settings(request.node).get("rename"))
     if problem:
         raise pytest.UsageError(problem)
-    return RobotAgent(session, settings.policy, settings.max_steps, settings.rename)
+    return RobotAgent(session, settings.policy, settings.max_steps, settings.rename,
+                      failed_before=request.node.nodeid in failed_last_run(request.config))

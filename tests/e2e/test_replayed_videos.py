@@ -154,3 +154,36 @@ def test_the_plugin_replays_a_chunking_policys_failed_episodes_into_complete_vid
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         assert len(frames) == record.steps + 1 == 41
         assert not np.array_equal(frames[0], frames[-1])  # the agent moved: the frames are new ones
+
+
+def test_an_episode_that_failed_last_run_renders_its_video_live_with_the_same_frames(pytester):
+    """pytest's own record of the last run's failures (its cache) says which episodes will likely
+    want a video: the second run renders them as they run, with no replay, and its videos are the
+    first run's replayed ones frame for frame; without the cache the episodes are replayed again."""
+    import av
+
+    def videos(path):
+        out = {}
+        for record in load_results(path).episodes:
+            with av.open(record.artefacts["video"]) as container:
+                out[record.episode] = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        return out
+
+    pytester.makepyfile(test_chunks=CHUNKED)
+    args = ("-n", "2", "-W", "error::pytest_hud.agent.replay.ReplayWarning")
+    runs = {}
+    for name, extra in (("first", ()), ("second", ()), ("no cache", ("-p", "no:cacheprovider"))):
+        result = pytester.runpytest_subprocess(*args, *extra, f"--hud-results={name}.jsonl",
+                                               f"--hud-video-dir=videos-{name}", timeout=240)
+        result.assert_outcomes(failed=2)
+        records = load_results(pytester.path / f"{name}.jsonl").episodes
+        runs[name] = ({r.episode: bool(r.extra.get("replay_s")) for r in records},
+                      videos(pytester.path / f"{name}.jsonl"))
+    assert runs["first"][0] == {"0": True, "1": True}  # no last run: taped, replayed for the video
+    assert runs["second"][0] == {"0": False, "1": False}  # both failed last run: rendered live
+    assert runs["no cache"][0] == {"0": True, "1": True}
+    for name in ("second", "no cache"):
+        for episode, frames in runs["first"][1].items():
+            assert len(frames) == len(runs[name][1][episode]) == 41
+            for a, b in zip(frames, runs[name][1][episode]):
+                np.testing.assert_array_equal(a, b)

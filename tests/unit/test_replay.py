@@ -148,6 +148,14 @@ def test_episodes_render_live_while_most_of_them_would_be_replayed_and_tape_agai
     for _ in range(3):
         agent._count(passed, None)
     assert agent._start(episode, 2).tape is not None  # 4 of 8
+    assert agent._start(episode, 2, failed_before=True).tape is None  # it failed last run: live
+
+
+def test_an_episode_that_failed_last_run_renders_live_from_the_first_one_on():
+    agent = chunking_agent(VideosOfFailures())
+    episode = claimed(WITH_CAMERA)
+    assert agent._start(episode, 2, failed_before=True).tape is None  # no share yet, but likely wanted
+    assert agent._start(episode, 2).tape is not None  # the others still skip and replay
 
 
 def test_a_replay_s_time_is_on_the_result_and_the_record_starts_before_it(monkeypatch):
