@@ -55,19 +55,13 @@ class RobotAgent:
         """Run ``episode`` to its end (claiming it first if needed) and return its result."""
         agent = self.agent_for(episode)  # load the model before claiming: warm-up holds no slot
         steps = max_steps if max_steps is not None else self.max_steps
-        if episode.token is None and episode.grade_data is None:
-            with episode:
-                return agent.run(episode, steps, failed_before=self.failed_before)
-        return agent.run(episode, steps, failed_before=self.failed_before)
+        return agent.run(episode, steps, failed_before=self.failed_before)  # (it claims an unclaimed one)
 
     async def arun(self, episode: Episode, max_steps: int | None = None) -> EpisodeResult:
         """asyncio version of :meth:`run`."""
         agent = await asyncio.to_thread(self.agent_for, episode)
         steps = max_steps if max_steps is not None else self.max_steps
-        if episode.token is None and episode.grade_data is None:
-            async with episode:
-                return await agent.arun(episode, steps, failed_before=self.failed_before)
-        return await agent.arun(episode, steps, failed_before=self.failed_before)
+        return await agent.arun(episode, steps, failed_before=self.failed_before)  # (it claims an unclaimed one)
 
     @property
     def model(self) -> Any:
