@@ -282,6 +282,8 @@ def main() -> None:
     parser.add_argument("--tick", default="lockstep", choices=("lockstep", "ready", "auto"),
                         help="Tick mode of pytest-hud bridges that have --tick (the others lockstep)")
     args = parser.parse_args()
+    if args.read_every < 1:
+        parser.error(f"--read-every must be at least 1 (1: the client reads every image), got {args.read_every}")
     TICK[0], ENV[0], VECTORIZATION[0] = args.tick, args.env, args.vectorization
     if ENVS[args.env][1] is None:
         args.no_hud = True  # no gymnasium id HUD's bridge could serve it as this one does
