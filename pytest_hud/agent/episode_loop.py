@@ -167,6 +167,10 @@ class EpisodeLoop:
         self.should_stop = should_stop
         self.first_action_timeout = first_action_timeout
         self.step_timeout = step_timeout
+        # the watchdog's limit of the first model call and of the later ones, a margin over the
+        # bridge's (so that the bridge's verdict comes first): (seconds, option), None: unwatched
+        self._limits = tuple(None if seconds is None else (seconds + _MARGIN_S, option) for seconds, option in (
+            (first_action_timeout, "--hud-first-action-timeout"), (step_timeout, "--hud-step-timeout")))
         self.observers = list(observers or [])
         self.episode = episode  # only handed to observers
         self.queue: deque[np.ndarray] = deque()
@@ -226,22 +230,29 @@ class EpisodeLoop:
     def _plan(self, frame: Mapping[str, Any]) -> np.ndarray:
         """Ask the model for a chunk, queue all but its first action and return that one (its
         planning time goes to ``_spent`` and ``inference_s``)."""
-        first = self.steps == 0
-        t0 = time.perf_counter()
-        limit = self.first_action_timeout if first else self.step_timeout
+        t0 = _clock()
         # The bridge fails a silent slot at its timeout; the watchdog then frees this process from
         # a predict() that never returns (a little later, so the bridge's verdict comes first).
-        armed = limit is not None and _WATCHDOG.arm(
-            limit + 5.0, "--hud-first-action-timeout" if first else "--hud-step-timeout")
+        limit = self._limits[self.steps != 0]
+        dog = None
+        if limit is not None:
+            dog = _WATCHDOG
+            if dog.limit is limit:  # armed by this episode: what arm() does while its timer goes off first
+                dog.deadline = deadline = t0 + limit[0]  # (before due is read: the handler may run between)
+                due = dog.due
+                if (due is None or due > deadline or due < t0 - 1.0) and not dog.arm(limit, t0):
+                    dog = None
+            elif not dog.arm(limit, t0):
+                dog = None
         try:
             output = self.model.predict(self._view(frame), self.prompt)
         except PolicyTimeout as exc:
             raise EpisodeError(str(exc)) from None
         finally:
-            if armed:
-                _WATCHDOG.disarm()
+            if dog is not None:
+                dog.deadline = None  # disarm()
         action = self._chunk.single(output) if self._singles else None
-        self._spent = spent = time.perf_counter() - t0
+        self._spent = spent = _clock() - t0
         self.inference_s += spent
         if action is not None:
             return action
@@ -270,10 +281,12 @@ class _Watchdog:
 
     One interval timer serves every step of an episode: :meth:`arm` installs the handler (once),
     notes the call's deadline and sets the timer only when it is not already due sooner;
-    :meth:`disarm` forgets the deadline. When the timer goes off, a call still inside its limit
-    gets a timer for the rest of it, a call past it gets :class:`PolicyTimeout` (and again every
-    ``repeat_s`` while it is still under way), and with no call under way nothing is set again
-    until the next call. So a step makes no system call here (a timer and a handler per step were
+    :meth:`disarm` forgets the deadline (the episode loop does what those two do without calling
+    them while the limit armed, ``limit``, is its calls' and the timer goes off first: on CartPole
+    the calls were a fifth of the agent's work per step). When the timer goes off, a call still
+    inside its limit gets a timer for the rest of it, a call past it gets :class:`PolicyTimeout`
+    (and again every ``repeat_s`` while it is still under way), and with no call under way nothing
+    is set again until the next call. So a step makes no system call here (a timer and a handler per step were
     four), and between calls the timer fires at most once per limit. :meth:`release` stops the
     timer, then puts SIG_DFL back, at an episode's end. The handler itself never touches the
     disposition: a timer still running at SIG_DFL would end the process.
@@ -286,13 +299,15 @@ class _Watchdog:
         self.due: float | None = None  # when the armed timer goes off (None: not armed)
         self.installed = False  # our handler was installed by arm() and not yet released
         self.repeat_s = 5.0  # how often a call past its limit is interrupted again
-        self.seconds = 0.0
-        self.option = ""
+        #: the call's limit, ``(seconds, option)`` (the option named when the call is interrupted),
+        #: as given to the last arm() that watched: set on the main thread only
+        self.limit: tuple[float, str] | None = None
         self._handler = self._expired
 
-    def arm(self, seconds: float, option: str) -> bool:
-        """A model call starts; returns whether it is watched (False off the main thread, or
-        when something else owns SIGALRM, e.g. pytest-timeout)."""
+    def arm(self, limit: tuple[float, str], now: float | None = None) -> bool:
+        """A model call starts (``now``, on :func:`_clock`; read here when not given) with
+        ``limit``, ``(seconds, option)``; returns whether it is watched (False off the main thread,
+        or when something else owns SIGALRM, e.g. pytest-timeout)."""
         if _get_ident() != _MAIN_THREAD:
             return False  # signals reach the main thread only
         current = _getsignal(_SIGALRM)
@@ -301,8 +316,10 @@ class _Watchdog:
                 return False
             _signal.signal(_signal.SIGALRM, self._handler)
             self.installed, self.due = True, None
-        self.seconds, self.option = seconds, option
-        now = _monotonic()
+        self.limit = limit
+        seconds = limit[0]
+        if now is None:
+            now = _clock()
         self.deadline = now + seconds
         # (a timer overdue and not seen: something else used ITIMER_REAL meanwhile; set ours again)
         if self.due is None or self.due > self.deadline or self.due < now - 1.0:
@@ -323,32 +340,36 @@ class _Watchdog:
             if ours:
                 _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
         self.installed = False
-        self.deadline = self.due = None
+        self.deadline = self.due = self.limit = None
 
     def _expired(self, signum: int, frame: Any) -> None:
         self.due = None
         if self.deadline is None:  # between calls: the next call sets the timer again
             return
-        left = self.deadline - time.monotonic()
+        left = self.deadline - _clock()
         if left > 0:
             _signal.setitimer(_signal.ITIMER_REAL, left)
             self.due = self.deadline
             return
         _signal.setitimer(_signal.ITIMER_REAL, self.repeat_s)  # again, if the call goes on regardless
-        self.due = time.monotonic() + self.repeat_s
-        raise PolicyTimeout(f"the policy did not answer within {self.seconds:g} s ({self.option} plus a margin)")
+        self.due = _clock() + self.repeat_s
+        seconds, option = self.limit or (0.0, "")
+        raise PolicyTimeout(f"the policy did not answer within {seconds:g} s ({option} plus a margin)")
 
 
 _WATCHDOG = _Watchdog()
+_MARGIN_S = 5.0  # the watchdog's limits over the bridge's
 # asked before every model call: looked up once
 _MAIN_THREAD = threading.main_thread().ident
-_get_ident, _getsignal, _SIGALRM, _monotonic = threading.get_ident, _signal.getsignal, _signal.SIGALRM, time.monotonic
+_get_ident, _getsignal, _SIGALRM = threading.get_ident, _signal.getsignal, _signal.SIGALRM
+# the watchdog's deadlines and the planning times, on one clock (monotonic, the finest there is)
+_clock = time.perf_counter
 
 
 @contextlib.contextmanager
 def watchdog(seconds: float | None, option: str) -> Iterator[None]:
     """Interrupt a model call that outlives ``seconds``, for one call (see :class:`_Watchdog`)."""
-    if seconds is None or not _WATCHDOG.arm(seconds, option):
+    if seconds is None or not _WATCHDOG.arm((seconds, option)):
         yield
         return
     try:

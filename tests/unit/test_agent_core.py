@@ -180,24 +180,34 @@ def test_observe_before_an_action_was_sent_is_a_programming_error():
 def test_the_first_plan_is_bounded_by_the_first_action_timeout_later_ones_by_the_step_timeout(monkeypatch):
     calls = []
 
-    class Recording:
-        def arm(self, seconds, option):
-            calls.append(("arm", seconds, option))
-            return True
+    class Recording:  # a watchdog that never keeps a limit: every call arms it
+        limit = due = None
 
-        def disarm(self):
-            calls.append(("disarm",))
+        def __init__(self):
+            self.deadline = None
+
+        def arm(self, limit, now):
+            calls.append(("arm", limit))
+            self.deadline = now + limit[0]
+            return True
 
         def release(self):
             calls.append(("release",))
 
-    monkeypatch.setattr(episode_loop, "_WATCHDOG", Recording())
-    loop = EpisodeLoop(Chunker(), CONTRACT, first_action_timeout=120.0, step_timeout=2.0)
+    class Watched(Chunker):
+        def predict(self, observation, prompt=None):
+            calls.append(("predict", dog.deadline is not None))
+            return super().predict(observation, prompt)
+
+    dog = Recording()
+    monkeypatch.setattr(episode_loop, "_WATCHDOG", dog)
+    loop = EpisodeLoop(Watched(), CONTRACT, first_action_timeout=120.0, step_timeout=2.0)
     drive(loop, [frame(), frame(), frame(terminated=True)])
     # a margin over the bridge's own limits, so that the bridge's verdict arrives first; each call
-    # is disarmed when it returns, and the episode's end releases the timer
-    assert calls == [("arm", 125.0, "--hud-first-action-timeout"), ("disarm",),
-                     ("arm", 7.0, "--hud-step-timeout"), ("disarm",), ("release",)]
+    # is disarmed when it returns (no deadline), and the episode's end releases the timer
+    assert calls == [("arm", (125.0, "--hud-first-action-timeout")), ("predict", True),
+                     ("arm", (7.0, "--hud-step-timeout")), ("predict", True), ("release",)]
+    assert dog.deadline is None
 
 
 FREE_SIGALRM = pytest.mark.skipif(
@@ -218,13 +228,44 @@ def dog():
 
 
 @FREE_SIGALRM
+def test_the_loop_keeps_one_timer_for_the_calls_of_its_episode_and_interrupts_the_one_past_its_limit(monkeypatch):
+    """Once a step's limit is armed, later calls only note their deadline (no call to arm(), no
+    timer set again) until a call outlives it: that one is interrupted, naming its option."""
+    dog = episode_loop._WATCHDOG
+    armed, seen = [], []
+    arm = dog.arm
+    monkeypatch.setattr(dog, "arm", lambda limit, now=None: armed.append(limit) or arm(limit, now))
+
+    class Slow(Chunker):  # answers at once, then never on its fifth call
+        def predict(self, observation, prompt=None):
+            seen.append((dog.deadline - episode_loop._clock(), dog.limit))
+            if len(seen) == 5:
+                time.sleep(10)
+            return super().predict(observation, prompt)
+
+    monkeypatch.setattr(episode_loop, "_MARGIN_S", 0.0)  # (5 s over the bridge's limits otherwise)
+    loop = EpisodeLoop(Slow(), CONTRACT, first_action_timeout=35.0, step_timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(EpisodeError, match=r"did not answer within 0.3 s \(--hud-step-timeout plus a margin\)"):
+        drive(loop, [frame()] * 10)
+    assert 0.25 <= time.monotonic() - t0 < 3
+    # the first call armed 35 s, the second 0.3 s; the third and later only noted their deadline
+    assert armed == [(35.0, "--hud-first-action-timeout"), (0.3, "--hud-step-timeout")]
+    assert 34 < seen[0][0] <= 35 and all(0.0 < left <= 0.3 for left, _ in seen[1:])
+    assert [option for _, (_, option) in seen] == ["--hud-first-action-timeout"] + ["--hud-step-timeout"] * 4
+    assert dog.deadline is None and dog.limit is None  # released at the end
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@FREE_SIGALRM
 def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole_limit(dog):
-    assert dog.arm(0.4, "--hud-step-timeout")
+    assert dog.arm((0.4, "--hud-step-timeout"))
     dog.disarm()
     time.sleep(0.2)
     # the timer set for the first call is still due first: the second call's arm sets nothing,
     # and when the timer goes off mid-call it is set again for the rest of this call's limit
-    assert dog.arm(0.4, "--hud-step-timeout")
+    assert dog.arm((0.4, "--hud-step-timeout"))
     assert signal.getitimer(signal.ITIMER_REAL)[0] < 0.25
     t0 = time.monotonic()
     with pytest.raises(episode_loop.PolicyTimeout, match=r"did not answer within 0.4 s \(--hud-step-timeout"):
@@ -233,17 +274,17 @@ def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole
     dog.disarm()
     # between calls the timer goes off once and is not set again (the handler stays: a timer
     # running at SIG_DFL would end the process)
-    assert dog.arm(0.1, "--hud-step-timeout")
+    assert dog.arm((0.1, "--hud-step-timeout"))
     dog.disarm()
     time.sleep(0.3)
     assert signal.getsignal(signal.SIGALRM) == dog._handler
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     # and the next call is watched again
-    assert dog.arm(0.1, "--hud-first-action-timeout")
+    assert dog.arm((0.1, "--hud-first-action-timeout"))
     with pytest.raises(episode_loop.PolicyTimeout, match="--hud-first-action-timeout"):
         time.sleep(5)
     dog.disarm()
-    assert dog.arm(30, "--hud-step-timeout")
+    assert dog.arm((30, "--hud-step-timeout"))
     dog.disarm()
 
 
@@ -251,28 +292,28 @@ def test_one_timer_watches_every_call_of_an_episode_and_each_call_gets_its_whole
 def test_the_timer_goes_off_inside_arm_and_nothing_is_left_running_at_sig_dfl(dog, monkeypatch):
     """The handler runs at the next bytecode check, which can fall inside arm(): whatever it does
     there, release() must leave neither a handler nor a running timer behind (``dog`` checks)."""
-    assert dog.arm(30, "--hud-step-timeout")
+    assert dog.arm((30, "--hud-step-timeout"))
     dog.disarm()
     clock = time.monotonic
 
     def firing_clock():  # the timer goes off just after arm() saw our handler installed
-        monkeypatch.setattr(episode_loop, "_monotonic", clock)
+        monkeypatch.setattr(episode_loop, "_clock", clock)
         dog._expired(signal.SIGALRM, None)
         return clock()
 
-    monkeypatch.setattr(episode_loop, "_monotonic", firing_clock)
-    assert dog.arm(30, "--hud-step-timeout")
+    monkeypatch.setattr(episode_loop, "_clock", firing_clock)
+    assert dog.arm((30, "--hud-step-timeout"))
     assert signal.getitimer(signal.ITIMER_REAL)[0] > 29  # set again: it had gone off
     dog.disarm()
 
 
 @FREE_SIGALRM
 def test_a_timer_taken_over_by_the_model_is_set_again_at_the_next_call(dog):
-    assert dog.arm(0.2, "--hud-step-timeout")
+    assert dog.arm((0.2, "--hud-step-timeout"))
     signal.setitimer(signal.ITIMER_REAL, 0)  # e.g. a predict() that used signal.alarm itself
     dog.disarm()
     time.sleep(1.3)  # past the due time by more than a second: the timer is known lost
-    assert dog.arm(0.2, "--hud-step-timeout")
+    assert dog.arm((0.2, "--hud-step-timeout"))
     with pytest.raises(episode_loop.PolicyTimeout):
         time.sleep(5)
     dog.disarm()
@@ -312,18 +353,18 @@ def test_a_policy_that_catches_exceptions_is_interrupted_all_the_same_and_again_
 
 @FREE_SIGALRM
 def test_episodes_on_other_threads_neither_arm_nor_release_the_main_threads_watchdog(dog):
-    assert dog.arm(30, "--hud-step-timeout")
+    assert dog.arm((30, "--hud-step-timeout"))
     seen = []
 
     def other():
-        seen.append(dog.arm(0.05, "--hud-step-timeout"))
+        seen.append(dog.arm((0.05, "--hud-step-timeout")))
         dog.release()
 
     thread = threading.Thread(target=other)
     thread.start()
     thread.join(5)
     assert seen == [False]
-    assert signal.getsignal(signal.SIGALRM) == dog._handler and dog.seconds == 30
+    assert signal.getsignal(signal.SIGALRM) == dog._handler and dog.limit == (30, "--hud-step-timeout")
     time.sleep(0.2)  # had the other thread's 0.05 s been set, it would have fired here
     dog.disarm()
 
@@ -332,7 +373,7 @@ def test_episodes_on_other_threads_neither_arm_nor_release_the_main_threads_watc
 def test_the_watchdog_stays_out_when_something_else_owns_sigalrm(dog):
     previous = signal.signal(signal.SIGALRM, lambda *a: None)  # e.g. pytest-timeout's
     try:
-        assert not dog.arm(0.1, "--hud-step-timeout")
+        assert not dog.arm((0.1, "--hud-step-timeout"))
         assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
         dog.release()
         assert signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None)  # not touched
