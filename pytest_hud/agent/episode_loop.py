@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import _signal
 import contextlib
+import itertools
 import threading
 import time
 from collections import deque
@@ -212,6 +213,23 @@ class EpisodeLoop:
         for obs in self.observers:
             obs.on_step(self._action, frame, self._spent)
         return self._next(frame)
+
+    def ahead(self, action: np.ndarray) -> tuple[list[np.ndarray], list[bool]] | None:
+        """``action`` (the one just given) and the queued actions this loop will give after it
+        without asking the model, up to ``max_steps``, with whether anyone reads the images of the
+        observation each one brings; None when nothing is queued, or when ``should_stop`` must see
+        each observation before the next action is known. A shell may send them in one frame
+        (``slot.step_many(actions, reads)``) and feed their observations to :meth:`observe` one by
+        one: each answer is then the next of them, the last one's the next chunk's first action."""
+        queued = len(self.queue)
+        if not queued or self.should_stop is not None:
+            return None
+        n = min(queued + 1, self.limit - self.steps)
+        if n < 2:
+            return None
+        actions = [action, *itertools.islice(self.queue, n - 1)]
+        # read: by every observer that reads images, and by the model once the chunk is used up
+        return actions, [self._reads_all or i == queued for i in range(n)]
 
     def _next(self, frame: Mapping[str, Any]) -> np.ndarray | None:
         self._action = None

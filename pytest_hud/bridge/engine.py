@@ -397,16 +397,20 @@ class BridgeEngine:
             got = _describe(action_frame)
             raise self.refuse_action(slot, f"an action frame is {{'actions': array}}, got {got}")
         steps = action_frame.get("steps")
-        if steps is None:
-            action = self._checked(slot, action_frame["actions"], "")
-        else:  # several actions, stepped in turn: {"actions": [T, *action], "steps": T}
-            rows = self._rows(slot, action_frame["actions"], steps)
-            action = rows[0]
-            slot.queued.extend(rows[1:])
-        slot.pending_action, slot.acted_at = action, now
         # {"actions": ..., "render": False}: the agent will not read this step's images (a frame
         # without the key, as every openpi/0 peer sends, gets them rendered)
-        slot.skip_render = action_frame.get("render", True) is False
+        render = action_frame.get("render", True)
+        if steps is None:
+            action = self._checked(slot, action_frame["actions"], "")
+            skip = render is False
+        else:  # several actions, stepped in turn: {"actions": [T, *action], "steps": T}
+            rows = self._rows(slot, action_frame["actions"], steps)
+            # "render": one flag for every step, or one per step (a chunk of which the agent reads
+            # only the last observation)
+            skips = self._skips(slot, render, steps)
+            action, skip = rows[0], skips[0]
+            slot.queued.extend(zip(rows[1:], skips[1:]))
+        slot.pending_action, slot.acted_at, slot.skip_render = action, now, skip
         slot.deadline = None  # its clock restarts when its next observation is ready
 
     def _checked(self, slot: Slot, action: Any, which: str) -> Any:
@@ -434,6 +438,18 @@ class BridgeEngine:
             raise self.refuse_action(slot, f"a frame of {steps} actions has them along its first axis, "
                                            f"got an array of shape {list(rows.shape)}")
         return [self._checked(slot, row, f"action {i} of {steps}: ") for i, row in enumerate(rows)]
+
+    def _skips(self, slot: Slot, render: Any, steps: int) -> list[bool]:
+        """Per action of a frame of ``steps``, whether its images go unread: ``render`` is one bool
+        for all of them or a list of ``steps`` bools (False: unread)."""
+        if type(render) is bool:
+            return [not render] * steps
+        if not isinstance(render, (list, tuple)) or len(render) != steps or any(type(r) is not bool for r in render):
+            got = (f"a list of {len(render)} items" + ("" if len(render) != steps else " not all bools")
+                   if isinstance(render, (list, tuple)) else _describe(render))
+            raise self.refuse_action(slot, f"'render' is a bool, or a list of one bool per action "
+                                           f"({steps}), got {got}")
+        return [not r for r in render]
 
     def refuse_action(self, slot: Slot, reason: str) -> BadAction:
         """Fail ``slot`` for an unusable action frame (its peers continue); returns the failure."""

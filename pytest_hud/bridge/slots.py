@@ -58,7 +58,8 @@ class Slot:
     connected: bool = False
     pending_action: Any = None
     #: the actions after ``pending_action`` of a frame of several (``{"actions": [T, ...], "steps": T}``),
-    #: each taken as the slot's next action once the step before it is delivered
+    #: each taken as the slot's next action once the step before it is delivered, with its
+    #: ``skip_render``: ``(action, skip_render)`` pairs
     queued: deque = field(default_factory=deque)
     acted_at: float = 0.0  # when pending_action arrived: opens ready mode's tick window
     skip_render: bool = False  # its agent will not read the images its pending action brings
@@ -82,7 +83,7 @@ class Slot:
 
     def act_from_queue(self, now: float) -> None:
         """Take the next of its queued actions as the pending one, which arrived ``now``."""
-        self.pending_action, self.acted_at, self.deadline = self.queued.popleft(), now, None
+        (self.pending_action, self.skip_render), self.acted_at, self.deadline = self.queued.popleft(), now, None
 
     def took_step(self, reward: float, success: bool, score: float | None, ended: bool, terminated: bool,
                   truncated: bool) -> None:

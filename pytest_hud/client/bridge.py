@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -251,12 +252,13 @@ class SlotClient:
         self._send(action_frame(action) if render else unrendered_action_frame(action))
         return self._read(self._recv(self.recv_timeout))
 
-    def step_many(self, actions: Any) -> list[dict[str, Any]]:
+    def step_many(self, actions: Any, render: Sequence[bool] | None = None) -> list[dict[str, Any]]:
         """Send several actions (``[T, *action]``) in one frame, return the observation frame of
-        each, every one rendered: ``T`` of them, or fewer when the episode ends first (the last one
-        says so). One message instead of ``T`` round trips: the bridge steps the slot again as soon
-        as it has sent a frame, without waiting for this agent (:func:`actions_frame`)."""
-        self._send(actions_frame(actions))
+        each: ``T`` of them, or fewer when the episode ends first (the last one says so). One
+        message instead of ``T`` round trips: the bridge steps the slot again as soon as it has sent
+        a frame, without waiting for this agent (:func:`actions_frame`). ``render``: per action,
+        whether its observation's images are read (None: every one is rendered)."""
+        self._send(actions_frame(actions, render))
         return frames_to_end(lambda: self._read(self._recv(self.recv_timeout)), len(actions))
 
     def close(self) -> None:
@@ -342,9 +344,9 @@ class AsyncSlotClient:
         await self._send(action_frame(action) if render else unrendered_action_frame(action))
         return self._read(await self._recv(self.recv_timeout))
 
-    async def step_many(self, actions: Any) -> list[dict[str, Any]]:
+    async def step_many(self, actions: Any, render: Sequence[bool] | None = None) -> list[dict[str, Any]]:
         """Several actions in one frame, their observation frames (:meth:`SlotClient.step_many`)."""
-        await self._send(actions_frame(actions))
+        await self._send(actions_frame(actions, render))
         frames = []
         for _ in range(len(actions)):
             frame = self._read(await self._recv(self.recv_timeout))

@@ -12,7 +12,7 @@ of every error a worker can see from a bridge lives in one place:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -106,18 +106,25 @@ def unrendered_action_frame(action: Any) -> bytes:
     return b"\x82" + frame[1:] + _NO_RENDER
 
 
-def actions_frame(actions: Any) -> bytes:
+def actions_frame(actions: Any, render: Sequence[bool] | None = None) -> bytes:
     """Several actions (``[T, *action]``) in one frame, which the bridge steps in turn, one
     observation frame back for each (fewer when the episode ends first): what a replay sends, whose
-    actions are all known before its first step.
+    actions are all known before its first step, and what an agent sends of an action chunk it
+    executes open loop. ``render``: per action, whether the images of the observation it brings are
+    read (None: all are; ``"render": [...]`` on the wire).
 
     >>> from pytest_hud.wire.codec import unpackb
     >>> frame = unpackb(actions_frame([[0.5, 1.0], [0.0, 0.5]]))
     >>> frame["steps"], frame["actions"].shape
     (2, (2, 2))
+    >>> unpackb(actions_frame([[0.5, 1.0], [0.0, 0.5]], render=[False, True]))["render"]
+    [False, True]
     """
     arr = np.asarray(actions)
-    return packb({"actions": arr, "steps": len(arr)})
+    frame: dict[str, Any] = {"actions": arr, "steps": len(arr)}
+    if render is not None:
+        frame["render"] = [bool(r) for r in render]
+    return packb(frame)
 
 
 def frames_to_end(next_frame: Callable[[], dict[str, Any]], count: int) -> list[dict[str, Any]]:

@@ -251,9 +251,10 @@ class InlineSlot:
         frame["terminated"], frame["truncated"], frame["success"] = done, truncated, slot.success
         return frame
 
-    def step_many(self, actions: Any) -> list[dict[str, Any]]:
+    def step_many(self, actions: Any, render: Any = None) -> list[dict[str, Any]]:
         """Several actions in turn, as :meth:`SlotClient.step_many <pytest_hud.client.bridge.SlotClient.step_many>`
-        (here there is no round trip to save): their frames, up to the episode's end."""
+        (here there is no round trip to save): their frames, up to the episode's end (``render`` is
+        not needed, as in :meth:`step`)."""
         rows = iter(actions)
         return frames_to_end(lambda: self.step(next(rows)), len(actions))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 
@@ -79,6 +80,37 @@ def test_a_frame_of_several_actions_steps_them_in_turn_as_single_frames_would(br
     assert grade["total_reward"] == pytest.approx(total, rel=1e-5)
 
 
+@pytest.mark.parametrize("args", [
+    (),
+    ("--tick", "lockstep"),
+    ("--vectorization", "processes", "--tick", "lanes"),
+], ids=["ready", "lockstep", "lanes"])
+def test_a_chunk_in_one_frame_renders_the_steps_its_flags_say_are_read(bridge, args):
+    """An action chunk sent in one frame with a render flag per action (what the agent loop sends
+    of an open-loop chunk: only the last step's images are read): the sim skips the images of
+    exactly the steps flagged unread, and the frames are those of one action per frame, flags and
+    all. The env counts its draws and stamps each image with the step it was drawn at."""
+    if "lanes" in args and (os.cpu_count() or 1) < 2:
+        pytest.skip("lanes need two env processes, one per core")
+    address = bridge(f"{SIMKIT}:skipping_camera", 2, *args)
+    reads = [False, False, True, False, False, True, True, False]
+    actions = np.linspace(-1, 1, len(reads), dtype=np.float32)[:, None]
+    with ControlClient(address) as control:
+        chunked_claim, single_claim = control.claim(seed=2), control.claim(seed=2)
+        with SlotClient(address, chunked_claim.token, recv_timeout=20) as ws:
+            chunked = ws.step_many(actions, reads)
+        with SlotClient(address, single_claim.token, recv_timeout=20) as ws:
+            single = [ws.step(a, r) for a, r in zip(actions, reads)]
+    assert len(chunked) == len(single) == len(reads)
+    for mine, theirs in zip(chunked, single):
+        assert {k: np.asarray(v).tobytes() for k, v in mine.items()} == \
+            {k: np.asarray(v).tobytes() for k, v in theirs.items()}
+    # drawn at the reset and at each step flagged read; an unread step keeps the last image
+    assert [int(f["drawn"][0]) for f in chunked] == [1 + sum(reads[:i + 1]) for i in range(len(reads))]
+    last = [max([0] + [j + 1 for j in range(i + 1) if reads[j]]) for i in range(len(reads))]
+    assert [int(f["image"][0, 0, 0]) for f in chunked] == [(2000 + t) % 251 for t in last]
+
+
 def test_a_whole_episode_in_one_frame(bridge):
     """Pendulum's 200 steps, its time limit in the last frame: a bridge that steps its sim on its
     loop's thread steps one action after another without nesting them (a step per loop turn)."""
@@ -135,7 +167,11 @@ def test_the_frames_stop_at_the_episodes_end(bridge):
     (packb({"actions": np.zeros((3, 1), np.float32), "steps": 2}),
      "a frame of 2 actions has them along its first axis, got an array of shape [3, 1]"),
     (packb({"actions": np.zeros((1, 1), np.float32), "steps": 0}), "'steps' is the number of actions"),
-], ids=["a-bad-row", "steps-and-rows-differ", "no-steps"])
+    (packb({"actions": np.zeros((3, 1), np.float32), "steps": 3, "render": [True, False]}),
+     "'render' is a bool, or a list of one bool per action (3), got a list of 2 items"),
+    (packb({"actions": np.zeros((2, 1), np.float32), "steps": 2, "render": [True, 0]}),
+     "'render' is a bool, or a list of one bool per action (2), got a list of 2 items not all bools"),
+], ids=["a-bad-row", "steps-and-rows-differ", "no-steps", "render-flags-and-rows-differ", "a-render-flag-not-a-bool"])
 def test_a_bad_frame_of_several_actions_fails_its_slot_only(bridge, frame, reason):
     address = bridge("Pendulum-v1", 2)
     with ControlClient(address) as control:
@@ -143,7 +179,7 @@ def test_a_bad_frame_of_several_actions_fails_its_slot_only(bridge, frame, reaso
         with SlotClient(address, bad.token, recv_timeout=20) as ws, \
                 SlotClient(address, good.token, recv_timeout=20) as peer:
             ws._send(frame)
-            with pytest.raises(BridgeError, match=f"slot {bad.slot}: .*" + reason.replace("[", r"\[").replace("]", r"\]")):
+            with pytest.raises(BridgeError, match=f"slot {bad.slot}: .*" + re.escape(reason)):
                 ws.step(np.float32([0.0]))
             assert len(peer.step_many(ACTIONS)) == len(ACTIONS)  # its peer goes on
         assert control.result(bad.token)["steps"] == 0

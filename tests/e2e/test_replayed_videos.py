@@ -76,9 +76,12 @@ def run(address, tmp_path: Path, log: Path, replays: bool, live_above: float = 1
 
 @pytest.mark.parametrize("vectorization", ["sync", "processes"])
 def test_failed_episodes_videos_are_bit_identical_and_only_they_render_again(tmp_path, vectorization, monkeypatch):
-    sent: list[int] = []  # each replay's actions go in one frame (SlotClient.step_many)
+    # each replay's actions go in one frame (SlotClient.step_many, every frame rendered), and so do
+    # the episodes' chunks, with the render flags of each step
+    sent: list[tuple[int, list[bool] | None]] = []
     step_many = SlotClient.step_many
-    monkeypatch.setattr(SlotClient, "step_many", lambda self, actions: sent.append(len(actions)) or step_many(self, actions))
+    monkeypatch.setattr(SlotClient, "step_many", lambda self, actions, render=None: sent.append(
+        (len(actions), None if render is None else list(render))) or step_many(self, actions, render))
     log = tmp_path / "renders.log"
     log.write_text("")
     proc, address = start_bridge(tmp_path, f"{SIM}:make", 2, "--vectorization", vectorization,
@@ -119,7 +122,13 @@ def test_failed_episodes_videos_are_bit_identical_and_only_they_render_again(tmp
         replays += taped and seed in failed
         watched, wanted = watched + 1, wanted + (seed in failed)
     assert renders_mixed == expected and renders_mixed != renders  # both ways were taken
-    assert sent == [STEPS] * replays  # every replay's actions in one frame, none for the others
+    # every replay's actions in one frame; every chunk of the episodes in one frame, its last step's
+    # images read unless the episode renders every step (the render counts above: the same renders
+    # as one frame per step gave)
+    assert [n for n, render in sent if render is None] == [STEPS] * replays
+    chunks = [render for _, render in sent if render is not None]
+    assert chunks and all(len(r) == CHUNK and (all(r) or r == [False] * (CHUNK - 1) + [True]) for r in chunks)
+    assert any(not all(r) for r in chunks) and any(all(r) for r in chunks)  # skipping, and live
 
 
 REACH = Path(__file__).resolve().parents[2] / "evals" / "sims" / "reach_pixels.py"

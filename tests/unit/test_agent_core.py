@@ -95,6 +95,73 @@ def test_a_terminated_first_frame_ends_the_episode_without_an_action():
     assert model.seen == []
 
 
+def drive_chunks(loop: EpisodeLoop, frames: list[dict]) -> tuple[list[np.ndarray], list[tuple[int, list[bool]]]]:
+    """Run the loop as the shells do with a bridge: each open-loop chunk in one frame
+    (:meth:`EpisodeLoop.ahead`), its observations fed back one by one."""
+    sent, chunks, frames = [], [], iter(frames)
+    try:
+        action = loop.begin(next(frames))
+        while action is not None:
+            chunk = loop.ahead(action)
+            actions, reads = chunk if chunk is not None else ([action], [loop.reads_next])
+            chunks.append((len(actions), reads))
+            for sent_action in actions:
+                sent.append(sent_action)
+                action = loop.observe(next(frames))
+                if action is None:
+                    break
+    finally:
+        loop.close()
+    return sent, chunks
+
+
+@pytest.mark.parametrize("size, n_action_steps, max_steps, reads_all", [
+    (4, None, None, False), (4, 3, None, False), (4, None, 6, False), (1, None, None, False),
+    (4, None, None, True),
+])
+def test_a_chunk_sent_in_one_frame_is_the_same_actions_and_observations_as_one_at_a_time(
+        size, n_action_steps, max_steps, reads_all):
+    """What ahead() hands a shell: the rest of the chunk (cut at max_steps), only its last step's
+    images read unless an observer reads them all; the actions and what the model sees are those
+    of one action per frame."""
+    class Reader:  # an observer of every frame's images (a video of every episode)
+        def on_start(self, episode, observation): pass
+        def on_step(self, action, observation, inference_s): pass
+
+    frames = [frame(i) for i in range(9)] + [frame(9, terminated=True)]
+    runs = []
+    for driver in (drive, drive_chunks):
+        model = Chunker(size=size)
+        loop = EpisodeLoop(model, CONTRACT, n_action_steps=n_action_steps, max_steps=max_steps,
+                           observers=[Reader()] if reads_all else [])
+        out = driver(loop, list(frames))
+        runs.append((out if driver is drive else out[0], [float(o["state"][0]) for o, _ in model.seen], out))
+    (one, seen_one, _), (chunked, seen_chunked, (_, chunks)) = runs
+    assert [a.tolist() for a in chunked] == [a.tolist() for a in one] and seen_chunked == seen_one
+    per_chunk = min(size, n_action_steps or size)
+    if per_chunk == 1:
+        assert all(n == 1 for n, _ in chunks)  # nothing queued: one action per frame
+        return
+    if max_steps is None:  # whole chunks (the env's end cuts the last one's frames, not the chunk)
+        assert [n for n, _ in chunks] == [per_chunk] * -(-9 // per_chunk)
+    else:  # the last chunk is cut at the limit
+        assert [n for n, _ in chunks] == [min(per_chunk, max_steps - i) for i in range(0, max_steps, per_chunk)]
+    for n, reads in chunks:
+        if reads_all:
+            assert reads == [True] * n
+        elif n == per_chunk:  # the model plans on the last observation only
+            assert reads == [False] * (n - 1) + [True]
+        else:  # cut at max_steps: no one plans on its last observation
+            assert reads == [False] * n
+
+
+def test_should_stop_sees_each_observation_before_the_next_action_so_chunks_go_one_step_at_a_time():
+    loop = EpisodeLoop(Chunker(size=5), CONTRACT, should_stop=lambda obs, step: False)
+    action = loop.begin(frame())
+    assert len(loop.queue) == 4 and loop.ahead(action) is None
+    loop.close()
+
+
 def test_termination_wins_over_a_queued_chunk():
     model = Chunker(size=10)
     loop = EpisodeLoop(model, CONTRACT)
