@@ -79,15 +79,15 @@ class Agent:
             try:
                 action = loop.begin(slot.first_observation)
                 while action is not None:
-                    chunk = loop.ahead(action)
-                    if chunk is None:
+                    # an open-loop chunk in one frame: no round trip per step (the same steps); a
+                    # policy that answers one action a step has no queue, and no call more a step
+                    if loop.queue and (chunk := loop.ahead(action)) is not None:
+                        for frame in slot.step_many(*chunk):
+                            action = loop.observe(frame)
+                            if action is None:
+                                break
+                    else:
                         action = loop.observe(slot.step(action, loop.reads_next))
-                        continue
-                    # an open-loop chunk in one frame: no round trip per step (the same steps)
-                    for frame in slot.step_many(*chunk):
-                        action = loop.observe(frame)
-                        if action is None:
-                            break
             finally:
                 loop.close()
         result = self._grade(episode, loop)
@@ -130,14 +130,13 @@ class Agent:
             try:
                 action = loop.begin(slot.first_observation)
                 while action is not None:
-                    chunk = loop.ahead(action) if many is not None else None
-                    if chunk is None:
+                    if many is not None and loop.queue and (chunk := loop.ahead(action)) is not None:
+                        for frame in await many(*chunk):  # (see run)
+                            action = loop.observe(frame)
+                            if action is None:
+                                break
+                    else:
                         action = loop.observe(await slot.step(action, loop.reads_next))
-                        continue
-                    for frame in await many(*chunk):  # (see run)
-                        action = loop.observe(frame)
-                        if action is None:
-                            break
             finally:
                 loop.close()
                 await slot.close()
