@@ -170,8 +170,10 @@ class EpisodeLoop:
         self.step_timeout = step_timeout
         # the watchdog's limit of the first model call and of the later ones, a margin over the
         # bridge's (so that the bridge's verdict comes first): (seconds, option), None: unwatched
-        self._limits = tuple(None if seconds is None else (seconds + _MARGIN_S, option) for seconds, option in (
-            (first_action_timeout, "--hud-first-action-timeout"), (step_timeout, "--hud-step-timeout")))
+        self._limits = tuple(
+            None if seconds is None else (seconds + _MARGIN_S, option)
+            for seconds, option in ((first_action_timeout, "--hud-first-action-timeout"),
+                                    (step_timeout, "--hud-step-timeout")))
         self.observers = list(observers or [])
         self.episode = episode  # only handed to observers
         self.queue: deque[np.ndarray] = deque()
@@ -304,8 +306,8 @@ class _Watchdog:
     the calls were a fifth of the agent's work per step). When the timer goes off, a call still
     inside its limit gets a timer for the rest of it, a call past it gets :class:`PolicyTimeout`
     (and again every ``repeat_s`` while it is still under way), and with no call under way nothing
-    is set again until the next call. So a step makes no system call here (a timer and a handler per step were
-    four), and between calls the timer fires at most once per limit. :meth:`release` stops the
+    is set again until the next call. So a step makes no system call here (a timer and a handler
+    per step were four), and between calls the timer fires at most once per limit. :meth:`release` stops the
     timer, then puts SIG_DFL back, at an episode's end. The handler itself never touches the
     disposition: a timer still running at SIG_DFL would end the process.
 
@@ -371,7 +373,7 @@ class _Watchdog:
             return
         _signal.setitimer(_signal.ITIMER_REAL, self.repeat_s)  # again, if the call goes on regardless
         self.due = _clock() + self.repeat_s
-        seconds, option = self.limit or (0.0, "")
+        seconds, option = self.limit  # (arm() sets it before any deadline)
         raise PolicyTimeout(f"the policy did not answer within {seconds:g} s ({option} plus a margin)")
 
 

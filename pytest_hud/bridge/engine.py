@@ -444,12 +444,16 @@ class BridgeEngine:
         for all of them or a list of ``steps`` bools (False: unread)."""
         if type(render) is bool:
             return [not render] * steps
-        if not isinstance(render, (list, tuple)) or len(render) != steps or any(type(r) is not bool for r in render):
-            got = (f"a list of {len(render)} items" + ("" if len(render) != steps else " not all bools")
-                   if isinstance(render, (list, tuple)) else _describe(render))
-            raise self.refuse_action(slot, f"'render' is a bool, or a list of one bool per action "
-                                           f"({steps}), got {got}")
-        return [not r for r in render]
+        if not isinstance(render, (list, tuple)):
+            got = _describe(render)
+        elif len(render) != steps:
+            got = f"a list of {len(render)} items"
+        elif any(type(r) is not bool for r in render):
+            got = f"a list of {len(render)} items not all bools"
+        else:
+            return [not r for r in render]
+        raise self.refuse_action(slot, f"'render' is a bool, or a list of one bool per action "
+                                       f"({steps}), got {got}")
 
     def refuse_action(self, slot: Slot, reason: str) -> BadAction:
         """Fail ``slot`` for an unusable action frame (its peers continue); returns the failure."""

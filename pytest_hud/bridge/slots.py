@@ -83,7 +83,8 @@ class Slot:
 
     def act_from_queue(self, now: float) -> None:
         """Take the next of its queued actions as the pending one, which arrived ``now``."""
-        (self.pending_action, self.skip_render), self.acted_at, self.deadline = self.queued.popleft(), now, None
+        self.pending_action, self.skip_render = self.queued.popleft()
+        self.acted_at, self.deadline = now, None
 
     def took_step(self, reward: float, success: bool, score: float | None, ended: bool, terminated: bool,
                   truncated: bool) -> None:
