@@ -31,9 +31,10 @@ from pytest_hud.bridge.engine import (
     DEFAULT_START_WINDOW, DEFAULT_TICK_WINDOW, BridgeEngine, Handshake, Timeouts, resolve_tick,
 )
 from pytest_hud.bridge.exceptions import BadAction, BadClaim, SimFailed, SlotFailure
-from pytest_hud.bridge.simcalls import explain, lane_end, park_step_observe
+from pytest_hud.bridge.simcalls import explain, park_step_observe
 from pytest_hud.bridge.simgate import SimGate
 from pytest_hud.bridge.slots import Slot, SlotState
+from pytest_hud.bridge.ticks import run_length
 from pytest_hud.bridge.wsserver import WsConnection, WsServer, serve_ws
 
 __all__ = ["BridgeServer", "Timeouts", "close_code"]
@@ -88,6 +89,7 @@ class BridgeServer:
         self.started = time.monotonic()
         self._sim_gate = SimGate(on_free=self._maybe_tick if self.engine.tick_rules.lane_slots else None)
         self._lanes_busy: set[int] = set()  # lanes mode: lanes whose step is under way
+        self._run_most = run_length(sim.observe())  # lanes mode: the most steps of a lane's run
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
         self._sockets: dict[int, WsConnection] = {}  # slot index -> its agent's socket
         self._handshakes: dict[Handshake, WsConnection] = {}  # sockets that have not claimed yet
@@ -136,7 +138,7 @@ class BridgeServer:
         return {
             "width": engine.width, "pid": os.getpid(), "target": self.target, "build": engine.build_args,
             "broken": engine.broken, "ticks": ticks.ticks, "env_steps": ticks.env_steps,
-            "slot_steps": ticks.slot_steps, "episodes": engine.episodes,
+            "slot_steps": ticks.slot_steps, "sim_calls": ticks.sim_calls, "episodes": engine.episodes,
             "uptime_s": time.monotonic() - self.started, "slots": engine.snapshot(),
             "wave": engine.wave, "tick": engine.tick, "start_together": engine.start_together,
             "starts_held": len(self._held), "vectorization": self.sim.vectorization,
@@ -400,6 +402,7 @@ class BridgeServer:
             self._ticking = False
             return
         self._step_started = now
+        self.engine.tick_rules.sim_calls += 1
         if not self._ticked_from:
             self._ticked_from = now
         self._call(self._tick_done, plan, park_step_observe, self.sim, plan.park, plan.actions, plan.mask,
@@ -437,41 +440,65 @@ class BridgeServer:
                 conn.send(frame)
 
     # ------------------------------------------------------------- lanes mode
-    # Each lane's step is begun on the sim's thread (the actions go down its process's pipe), its
+    # Each lane's steps are begun on the sim's thread (the actions go down its process's pipe), its
     # pipe is watched by the loop, and its answer is read on the sim's thread once there: steps of
-    # several lanes are under way at once. A reset takes the sim gate whole, so it waits for the
-    # steps under way and no lane starts another until it is done (then ``on_free`` ticks again).
+    # several lanes are under way at once. A lane's slots with queued actions step them in one run
+    # (one round trip, not one per step), its frames sent at its end, unless an agent reads slower
+    # than the bridge writes (then one step at a time, as ``_tick_again`` holds the slot). A reset
+    # takes the sim gate whole, so it waits for the steps under way and no lane starts another until
+    # it is done (then ``on_free`` ticks again).
     def _tick_lane(self, lane: int) -> None:
         if lane in self._lanes_busy:
             return
-        plan = self.engine.tick_rules.plan_lane(lane)
+        rules = self.engine.tick_rules
+        plan = rules.plan_lane(lane)
         if plan is None or not self._sim_gate.try_share():
             return
         self._lanes_busy.add(lane)
         if not self._ticked_from:
             self._ticked_from = time.monotonic()
-        self._call(self._lane_sent, plan, self.sim.lane_begin, lane, plan.actions, plan.mask,  # type: ignore[attr-defined]
-                   plan.unread)
+        sockets = self._sockets
+        reading = any((conn := sockets.get(s.index)) is not None and conn.paused for s, _, _ in plan.acting)
+        plans = [plan] if reading else rules.plan_run(plan, self._run_most)
+        rules.sim_calls += 1
+        self._call(self._lane_sent, plans, self.sim.lane_begin, lane,  # type: ignore[attr-defined]
+                   [(p.actions, p.mask, p.unread) for p in plans])
 
-    def _lane_sent(self, plan: Any, result: Any, error: BaseException | None) -> None:
+    def _lane_sent(self, plans: list[Any], result: Any, error: BaseException | None) -> None:
         if error is not None:
-            self._lane_done(plan, None, error)
+            self._lane_done(plans, None, error)
             return
-        plan.started = time.monotonic()  # (the step's time: step_s)
-        fd = self.sim.lane_fileno(plan.lane)  # type: ignore[attr-defined]
-        asyncio.get_running_loop().add_reader(fd, self._lane_readable, plan, fd)
+        plans[0].started = time.monotonic()  # (the steps' time: step_s)
+        fd = self.sim.lane_fileno(plans[0].lane)  # type: ignore[attr-defined]
+        asyncio.get_running_loop().add_reader(fd, self._lane_readable, plans, fd)
 
-    def _lane_readable(self, plan: Any, fd: int) -> None:
+    def _lane_readable(self, plans: list[Any], fd: int) -> None:
         asyncio.get_running_loop().remove_reader(fd)
         os.set_blocking(fd, True)  # uvloop's reader made it non-blocking; the pipe's reads and writes block
-        self._call(self._lane_done, plan, lane_end, self.sim, plan.lane)
+        self._call(self._lane_done, plans, self.sim.lane_end, plans[0].lane)  # type: ignore[attr-defined]
 
-    def _lane_done(self, plan: Any, result: Any, error: BaseException | None) -> None:
+    def _lane_done(self, plans: list[Any], result: Any, error: BaseException | None) -> None:
+        """A lane's run answered: each step delivered in order, as if planned after the one
+        before (its slots take their next queued actions first), or the error to the first."""
         self._ticked_until = time.monotonic()
+        plan = plans[0]
         self.step_s += self._ticked_until - (plan.started or self._ticked_until)
         try:
-            if error is not None or not self.engine.broken:  # (another lane's step broke it meanwhile: dropped)
-                self._deliver(plan, result, error)
+            if error is not None:
+                self._deliver(plan, None, error)
+            else:
+                for k, step in enumerate(result):
+                    if self.engine.broken:  # (another lane's step broke it meanwhile: dropped)
+                        break
+                    if k:  # its slots take the actions it stepped; one whose episode ended or
+                        # failed meanwhile (its queue emptied) would not have stepped: left out
+                        plan, now = plans[k], time.monotonic()
+                        plan.acting = [(slot, token, action) for slot, token, action in plan.acting
+                                       if slot.token == token and slot.state is SlotState.LIVE
+                                       and slot.queued and slot.pending_action is None]
+                        for slot, _, _ in plan.acting:
+                            slot.act_from_queue(now)
+                    self._deliver(plan, (step.batch, step.observe(), step.faults), None)
         finally:
             self._lanes_busy.discard(plan.lane)
             self._sim_gate.release_share()

@@ -16,7 +16,7 @@ import numpy as np
 
 from pytest_hud.sim.base import FaultLog, VectorSim
 
-__all__ = ["explain", "lane_end", "park_step_observe", "reset_and_observe"]
+__all__ = ["explain", "park_step_observe", "reset_and_observe"]
 
 
 def reset_and_observe(sim: VectorSim, idx, seeds, options, tasks=None, rebuild=()):
@@ -61,13 +61,6 @@ def park_step_observe(sim: VectorSim, park: list[int], actions: np.ndarray, mask
         sim.skip_renders(unread)
     batch = faults.call(sim.step, actions) if mask is None else faults.call(sim.step_slots, actions, mask)
     return batch, sim.observe(), faults
-
-
-def lane_end(sim: VectorSim, lane: int):
-    """A lane's step (:meth:`ProcessSim.lane_end`), its slot faults riding along."""
-    faults = FaultLog()
-    batch, obs = faults.call(sim.lane_end, lane)  # type: ignore[attr-defined]
-    return batch, obs, faults
 
 
 _OWN_LOOP = ("cannot be called from a running event loop", "This event loop is already running")

@@ -24,7 +24,9 @@ Tick rules (DESIGN §6). A bridge ticks in one of three modes (:func:`resolve_ti
   every LIVE slot of that lane has acted, while other lanes' steps are under way. Only the LIVE
   slots of the lane are stepped (no holds, no parking, as in ready mode). Slots of a lane still
   act together, so a batching policy server still gets their requests together, and one lane's
-  forward pass overlaps the other lanes' sim steps;
+  forward pass overlaps the other lanes' sim steps. The steps the lane's slots have queued (a frame
+  of several actions each: an open-loop chunk, a replay) go to its process in one run
+  (:meth:`TickRules.plan_run`), each step the one that would follow the last one's delivery;
 - never step when no slot is LIVE;
 - a bad action fails that slot only (:meth:`~pytest_hud.bridge.engine.BridgeEngine.submit_action`);
 - a sim exception fails only the episodes of the slots whose envs raised, where the sim isolates
@@ -45,13 +47,28 @@ import numpy as np
 from pytest_hud.bridge.faults import FaultRules
 from pytest_hud.bridge.slots import Slot, SlotState
 
-__all__ = ["DEFAULT_TICK_WINDOW", "TICK_MODES", "TickPlan", "TickRules", "resolve_tick"]
+__all__ = ["DEFAULT_TICK_WINDOW", "TICK_MODES", "TickPlan", "TickRules", "resolve_tick", "run_length"]
 
 #: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the others.
 TICK_MODES = ("auto", "lockstep", "ready", "lanes")
 #: Ready mode's default window (seconds): long enough that agents answering one tick's frames
 #: together land in one step, short next to a policy's milliseconds (``benchmarks/stragglers.py``).
 DEFAULT_TICK_WINDOW = 0.001
+#: Lanes mode: the most steps a lane's run takes (:meth:`TickRules.plan_run`), and the most bytes of
+#: one slot's observations it holds (a run's frames are sent when it is over)
+RUN_STEPS, RUN_BYTES = 64, 4 << 20
+
+
+def run_length(obs: dict[str, np.ndarray]) -> int:
+    """The most steps of a lane's run for a sim whose observations are ``obs`` (``{feature: [N, ...]}``):
+    :data:`RUN_STEPS`, fewer where their frames would hold more than :data:`RUN_BYTES` of a slot's rows.
+
+    >>> pusht, libero = np.zeros((2, 96, 96, 3), np.uint8), np.zeros((2, 256, 256, 6), np.uint8)
+    >>> run_length({"pixels": pusht}), run_length({"pixels": libero})
+    (64, 10)
+    """
+    row = sum(v[0].nbytes for v in obs.values() if len(v))
+    return max(1, min(RUN_STEPS, RUN_BYTES // max(1, row)))
 
 
 def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool, batched_parallel: bool = False,
@@ -133,6 +150,7 @@ class TickRules:
             for slot in slots:
                 self.lane_slots.setdefault(lanes[slot.index], []).append(slot)  # type: ignore[index]
         self.ticks = self.slot_steps = self.env_steps = 0  # steps, slots stepped for agents, envs stepped
+        self.sim_calls = 0  # the sim's step calls: a tick's, or a lane's run of several steps (one)
         #: the last step delivered left a slot with queued actions (the server takes its next one,
         #: or holds it while its agent reads slower than the bridge writes, and ticks on the loop's
         #: next turn, not deeper in the stack of the step just done)
@@ -224,6 +242,31 @@ class TickRules:
             actions[s.index] = action
             mask[s.index] = True
         return TickPlan(actions, [], acting, mask, lane, unread=_unread(acting, len(self.slots)))
+
+    def plan_run(self, plan: TickPlan, most: int) -> list[TickPlan]:
+        """Lanes mode: ``plan`` (:meth:`plan_lane`) and the steps after it that its slots have queued,
+        ``most`` in all: while every one of them has a next queued action, the step of those actions
+        (each with its render flag), the one the lane would plan once the step before it is
+        delivered and its slots take their next actions (``act_from_queue``). The caller delivers
+        each in order and has its slots take their actions before each step after the first."""
+        n = min(most - 1, *(len(s.queued) for s, _, _ in plan.acting))
+        plans = [plan]
+        for k in range(n):
+            queued = [(s, token, s.queued[k]) for s, token, _ in plan.acting]
+            actions = np.empty(self._batch_shape, self.hold_action.dtype)
+            actions[...] = self.hold_action
+            skip = []
+            for s, _, (action, skip_render) in queued:
+                actions[s.index] = action
+                if skip_render:
+                    skip.append(s.index)
+            unread = None
+            if skip:
+                unread = np.zeros(len(self.slots), bool)
+                unread[skip] = True
+            acting = [(s, token, entry[0]) for s, token, entry in queued]
+            plans.append(TickPlan(actions, [], acting, plan.mask, plan.lane, unread=unread))
+        return plans
 
     def apply_batch(self, plan: TickPlan, batch: Any, obs: dict[str, np.ndarray],
                     now: float, pack: Callable[..., Any] | None = None) -> list[tuple[int, Any]]:

@@ -34,7 +34,7 @@ from pytest_hud.core.contract import Contract
 from pytest_hud.sim.base import FaultLog, SlotFaults, StepBatch, VectorSim, sim_stats
 from pytest_hud.sim.claims import ClaimRules
 
-__all__ = ["ProcessSim"]
+__all__ = ["LaneStep", "ProcessSim"]
 
 _BATCH_FIELDS = ("rewards", "terminated", "truncated", "success", "score")
 
@@ -88,6 +88,9 @@ def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str,
                     flags = faults.call(sim.reset_slots, indices, seeds, options, **kwargs)
                     out: Any = (flags, sim_stats(sim))  # its counters change on resets (env builds)
                     rows = sorted(set(indices))
+                elif call == "steps":  # a lane's run of steps: one answer per step, in one message
+                    conn.send(("steps", _steps(sim, args[0])))
+                    continue
                 else:
                     actions, mask, unread = args
                     if unread is not None:  # flags for this step's renders only
@@ -102,6 +105,23 @@ def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str,
                 conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _steps(sim: VectorSim, steps: list[tuple[Any, Any, Any]]) -> list[tuple[Any, ...]]:
+    """``steps`` (a block's ``(actions, mask, unread)`` of each step) back to back, each one's
+    answer as a ``step_slots`` call's; the run stops after a step where a slot's env raised or an
+    episode ended, so that the bridge decides what follows, as it does after a single step."""
+    answers = []
+    for actions, mask, unread in steps:
+        faults = FaultLog()
+        if unread is not None:
+            sim.skip_renders(unread)
+        out = _batch_fields(faults.call(sim.step_slots, actions, mask))
+        rows = np.flatnonzero(mask).tolist()
+        answers.append((out, _rows(sim.observe(), rows), dict(faults), sorted(faults.intact)))
+        if faults or (np.asarray(out[1], bool) | np.asarray(out[2], bool))[rows].any():
+            break
+    return answers
 
 
 def _rows(obs: dict[str, np.ndarray], rows: list[int] | None) -> tuple[list[int] | None, dict[str, np.ndarray]]:
@@ -150,7 +170,7 @@ class _Block:
             if faults is not None:
                 faults.add(local, intact, offset=self.start)
             return out, obs
-        return value
+        return value  # (a run of steps: each one's answer, its faults in it: :class:`LaneStep`)
 
     def _died(self) -> RuntimeError:
         self.process.join(1.0)
@@ -283,38 +303,38 @@ class ProcessSim(VectorSim):
         block.send("rebuild", index - block.start)
         block.answer()
 
-    # Lane ticks (``--hud-tick=lanes``): a block's step is sent, and its answer read once the pipe is
-    # readable, while other blocks' steps are under way. A block has at most one call in flight.
-    def lane_begin(self, lane: int, actions: np.ndarray, mask: np.ndarray,
-                   unread: np.ndarray | None = None) -> None:
-        """Start stepping the slots of block ``lane`` where ``mask`` is True (``unread``: see
-        :meth:`skip_renders`); returns at once."""
+    # Lane ticks (``--hud-tick=lanes``): a block's steps are sent, and their answer read once the
+    # pipe is readable, while other blocks' steps are under way. A block has at most one call in
+    # flight: a run of steps its slots have queued (a frame of several actions each) goes down the
+    # pipe in one message and comes back in one, not in a round trip per step.
+    def lane_begin(self, lane: int,
+                   steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> None:
+        """Start stepping the slots of block ``lane``, ``steps`` times in a row: each step's
+        ``(actions, mask, unread)`` (``[N]``: only the slots where ``mask`` is True step; ``unread``:
+        see :meth:`skip_renders`); returns at once. The block stops early after a step where a
+        slot's env raised or an episode ended."""
         block = self._blocks[lane]
         if lane in self._in_flight:
             raise RuntimeError(f"the env process of {block.slots} is already stepping")
-        block.send("step_slots", *self._step_args(block, actions, mask, unread))
+        block.send("steps", [self._step_args(block, *step) for step in steps])
         self._in_flight.add(lane)
 
     def lane_fileno(self, lane: int) -> int:
-        """The file descriptor that becomes readable when block ``lane``'s step has answered."""
+        """The file descriptor that becomes readable when block ``lane``'s steps have answered."""
         return self._blocks[lane].conn.fileno()
 
-    def lane_end(self, lane: int) -> tuple[StepBatch, dict[str, np.ndarray]]:
-        """Block ``lane``'s step (begun by :meth:`lane_begin`): the ``[N]`` batch (other rows zero)
-        and :meth:`observe`, whose rows of this block are now its observations."""
+    def lane_end(self, lane: int) -> list[LaneStep]:
+        """Block ``lane``'s steps (begun by :meth:`lane_begin`), the ones taken: as many as were
+        sent, or fewer when one ended an episode or faulted."""
         block = self._blocks[lane]
         self._in_flight.discard(lane)
-        faults = FaultLog()
-        batch = self._batch([block], self._gather([block], faults))
-        if faults:
-            raise SlotFaults(faults, (batch, self._obs), faults.intact)
-        return batch, self._obs
+        return [LaneStep(self, block, answer) for answer in block.answer()]
 
     def _idle(self, call: str) -> None:
         if self._in_flight:
             raise RuntimeError(f"{call} while a lane step is under way (block {sorted(self._in_flight)})")
 
-    def _batch(self, blocks: list[_Block], answers: list[Any]) -> StepBatch:
+    def _batch(self, blocks: list[_Block], answers: list[Any], take: bool = True) -> StepBatch:
         n = self.width
         fields = {"rewards": np.zeros(n), "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool),
                   "success": np.zeros(n, bool)}
@@ -329,7 +349,8 @@ class ProcessSim(VectorSim):
                         score[rows] = value
                 else:
                     fields[name][rows] = value
-            self._take(block, obs)
+            if take:
+                self._take(block, obs)
         return StepBatch(fields["rewards"], fields["terminated"], fields["truncated"], fields["success"], score)
 
     def observe(self) -> dict[str, np.ndarray]:
@@ -374,3 +395,23 @@ class ProcessSim(VectorSim):
                 block.process.kill()
                 block.process.join(5.0)
             block.conn.close()
+
+
+class LaneStep:
+    """One step of a lane's run (:meth:`ProcessSim.lane_end`): its ``[N]`` ``batch`` (other rows
+    zero) and ``faults`` (the bridge's slot indices). :meth:`observe` puts its observations in the
+    sim's rows and returns :meth:`ProcessSim.observe`: take the steps in order, each one's frames
+    packed before the next one's :meth:`observe`."""
+
+    __slots__ = ("_block", "_obs", "_sim", "batch", "faults")
+
+    def __init__(self, sim: ProcessSim, block: _Block, answer: tuple[Any, ...]) -> None:
+        out, obs, local, intact = answer
+        self._sim, self._block, self._obs = sim, block, obs
+        self.faults = FaultLog()
+        self.faults.add(local, intact, offset=block.start)
+        self.batch = sim._batch([block], [(out, obs)], take=False)
+
+    def observe(self) -> dict[str, np.ndarray]:
+        self._sim._take(self._block, self._obs)
+        return self._sim.observe()

@@ -9,6 +9,7 @@ bounded share of its frames), and one that never reads fails at the step timeout
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import threading
@@ -22,9 +23,11 @@ from conftest import SIMKIT
 from pytest_hud.client.bridge import AsyncControlClient, AsyncSlotClient, BridgeError, ControlClient, SlotClient
 from pytest_hud.client.protocol import action_frame, actions_frame
 from pytest_hud.wire.codec import packb
+from simkit import FaultyEnv
 
 pytestmark = pytest.mark.timeout(60)
 
+LANES = ("--vectorization", "processes", "--tick", "lanes")
 ACTIONS = np.array([[0.5], [-1.0], [2.0], [0.0], [1.5], [-0.25]], np.float32)
 
 
@@ -101,6 +104,10 @@ def test_a_chunk_in_one_frame_renders_the_steps_its_flags_say_are_read(bridge, a
             chunked = ws.step_many(actions, reads)
         with SlotClient(address, single_claim.token, recv_timeout=20) as ws:
             single = [ws.step(a, r) for a, r in zip(actions, reads)]
+        stats = control.stats()
+    # lanes mode steps a chunk in one call of the env process; the other modes make a call a step
+    assert stats["ticks"] == 2 * len(reads)
+    assert stats["sim_calls"] == (1 + len(reads) if "lanes" in args else 2 * len(reads))
     assert len(chunked) == len(single) == len(reads)
     for mine, theirs in zip(chunked, single):
         assert {k: np.asarray(v).tobytes() for k, v in mine.items()} == \
@@ -162,6 +169,49 @@ def test_the_frames_stop_at_the_episodes_end(bridge):
         assert control.result(again.token)["steps"] == 3
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="lanes need two env processes, one per core")
+def test_a_lanes_run_stops_at_a_fault_or_an_episodes_end_and_its_lane_peers_go_on(bridge):
+    """Lanes mode sends the steps a lane's slots have queued to its env process in one run. A run
+    stops after the step where an env raised or an episode ended: that episode fails with the
+    env's exception (or ends) as after a single step, and the other slots of the lane, whose chunks
+    went on past that step, get every frame of their episodes, the same as their envs stepped here."""
+    build = {"step_faults": [7], "fault_step": 10, "delay": 0.0}
+    address = bridge(f"{SIMKIT}:faulty", 4, "--vectorization", "processes", "--tick", "lanes",
+                     "--build-args", json.dumps(build))
+    chunk = np.full((20, 1), 0.5, np.float32)  # episodes of 30 steps: the second chunk outlives them
+    got, failed = {}, {}
+
+    def play(seed, token):
+        try:
+            with SlotClient(address, token, recv_timeout=30) as ws:
+                frames = [ws.first_observation]
+                while not frames[-1]["terminated"]:
+                    frames += ws.step_many(chunk)
+            got[seed] = ([f["state"].tolist() for f in frames], [bool(f["terminated"]) for f in frames])
+        except BridgeError as exc:
+            failed[seed] = str(exc)
+
+    with ControlClient(address) as control:
+        claims = {seed: control.claim(seed=seed, build=build) for seed in (7, 3, 4, 5)}
+        assert {claims[7].slot // 2, claims[3].slot // 2} == {0, 1}  # (claims alternate between the lanes)
+        assert claims[7].slot // 2 == claims[4].slot // 2  # the faulty episode shares its lane
+        threads = [threading.Thread(target=play, args=(seed, claim.token)) for seed, claim in claims.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        grades = {seed: control.result(claim.token) for seed, claim in claims.items()}
+        stats = control.stats()
+    assert list(failed) == [7] and "step 10 of seed 7 exploded on purpose" in failed[7]
+    assert grades[7]["steps"] == 10
+    for seed in (3, 4, 5):
+        env = FaultyEnv(delay=0.0)
+        expected = [env.reset(seed=seed)[0].tolist()] + [env.step(chunk[0])[0].tolist() for _ in range(30)]
+        assert got[seed] == (expected, [False] * 30 + [True]), seed
+        assert grades[seed]["steps"] == 30 and grades[seed]["error"] is None
+    assert stats["sim_calls"] < stats["ticks"]  # runs of several steps, not a call a step
+
+
 @pytest.mark.parametrize("frame, reason", [
     (actions_frame(np.float32([[0.5], [np.nan], [0.5]])), "action 1 of 3: "),
     (packb({"actions": np.zeros((3, 1), np.float32), "steps": 2}),
@@ -186,8 +236,12 @@ def test_a_bad_frame_of_several_actions_fails_its_slot_only(bridge, frame, reaso
         assert control.result(good.token)["steps"] == len(ACTIONS)
 
 
-def test_an_action_sent_before_the_last_observation_of_several_fails_the_slot(bridge):
-    address = bridge(f"{SIMKIT}:slow_pendulum", 1)  # 3 ms a step
+@pytest.mark.parametrize("args", [(), LANES], ids=["ready", "lanes"])
+def test_an_action_sent_before_the_last_observation_of_several_fails_the_slot(bridge, args):
+    """(In lanes mode the steps of a run already taken when the action arrives are dropped.)"""
+    if "lanes" in args and (os.cpu_count() or 1) < 2:
+        pytest.skip("lanes need two env processes, one per core")
+    address = bridge(f"{SIMKIT}:slow_pendulum", 2 if args else 1, *args)  # 3 ms a step
     with ControlClient(address) as control:
         claim = control.claim(seed=1)
         with SlotClient(address, claim.token, recv_timeout=20) as ws:
@@ -203,11 +257,15 @@ def slot_steps(control, index):
     return next(s["steps"] for s in control.stats()["slots"] if s["slot"] == index)
 
 
-def test_the_bridge_holds_queued_actions_while_their_agent_reads_slower_than_it_writes(bridge):
+@pytest.mark.parametrize("args", [(), LANES], ids=["ready", "lanes"])
+def test_the_bridge_holds_queued_actions_while_their_agent_reads_slower_than_it_writes(bridge, args):
     """Frames of 196 KB in microseconds each: an agent that has not read yet holds the slot's queued
     actions once its connection's buffers are full (the bridge keeps a bounded share of them, not
-    the episode), and gets every frame, in order, once it reads; its peer steps meanwhile."""
-    address = bridge(f"{SIMKIT}:big_frames", 2)
+    the episode: in lanes mode a run of steps holds a few MB at most), and gets every frame, in
+    order, once it reads; its peer steps meanwhile."""
+    if "lanes" in args and (os.cpu_count() or 1) < 2:
+        pytest.skip("lanes need two env processes, one per core")
+    address = bridge(f"{SIMKIT}:big_frames", 2, *args)
     with ControlClient(address) as control:
         slow, quick = control.claim(seed=1), control.claim(seed=2)
         with SlotClient(address, slow.token, recv_timeout=20) as ws, \

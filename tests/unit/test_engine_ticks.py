@@ -395,3 +395,43 @@ def test_the_engine_refuses_ready_mode_on_a_wave_bridge_and_a_negative_window():
         make(2, tick="ready", tick_window=-1)
     with pytest.raises(ValueError, match="resolve 'auto' first"):
         make(2, tick="auto")
+
+
+def test_a_lanes_run_is_the_steps_its_slots_have_queued_each_with_its_render_flags():
+    """A lane's run: the step planned, then one step per action every slot of it has queued (up to
+    ``most`` in all), each the actions and render flags that slot would act with next."""
+    engine, sim = lanes(length=50)
+    a, b = sorted((live_slot(engine, sim, seed) for seed in (1, 2)), key=lambda s: s.index)[:2]
+    assert engine.lanes[a.index] != engine.lanes[b.index]  # (claims alternate between the lanes)
+    c = live_slot(engine, sim, 3)  # a's lane mate
+    assert engine.lanes[c.index] == engine.lanes[a.index]
+    rows = np.arange(6, dtype=np.float32)[:, None]
+    engine.submit_action(a, {"actions": rows, "steps": 6, "render": [False] * 5 + [True]}, 0.0)
+    engine.submit_action(c, {"actions": -rows[:4], "steps": 4, "render": False}, 0.0)
+    rules = engine.tick_rules
+    plans = rules.plan_run(rules.plan_lane(engine.lanes[a.index]), most=64)
+    assert len(plans) == 4  # c has three actions queued after its first
+    assert [p.actions[[a.index, c.index], 0].tolist() for p in plans] == [[k, -k] for k in range(4)]
+    assert all(p.unread[[a.index, c.index]].tolist() == [True, True] for p in plans)
+    assert all(p.mask.tolist() == plans[0].mask.tolist() and p.lane == plans[0].lane for p in plans)
+    assert [[entry[0] for entry in p.acting] for p in plans] == [[a, c]] * 4
+    assert len(rules.plan_run(rules.plan_lane(engine.lanes[a.index]), most=2)) == 2
+    # delivered in order, each after its slots take their next actions, as single steps would be
+    for k, plan in enumerate(plans):
+        if k:
+            for slot, _, _ in plan.acting:
+                slot.act_from_queue(0.0)
+        rules.apply_batch(plan, *sim.step(plan), now=0.0)
+    assert (a.steps, c.steps, len(a.queued), len(c.queued)) == (4, 4, 2, 0)
+    assert rules.acted_again and a.pending_action is None  # a takes its next action from its queue
+    assert c.pending_action is None and c.awaiting == "action"  # c waits for its agent
+    assert rules.plan_lane(engine.lanes[b.index]) is None  # b has not acted
+
+
+def test_the_run_length_keeps_a_runs_frames_to_a_few_megabytes_a_slot():
+    from pytest_hud.bridge.ticks import RUN_BYTES, RUN_STEPS, run_length
+
+    assert run_length({"state": np.zeros((4, 3), np.float32)}) == RUN_STEPS
+    assert run_length({"pixels": np.zeros((4, 224, 224, 3), np.uint8), "state": np.zeros((4, 8))}) == \
+        RUN_BYTES // (224 * 224 * 3 + 64)
+    assert run_length({"pixels": np.zeros((1, 4096, 4096, 3), np.uint8)}) == 1
