@@ -41,6 +41,7 @@ episodes, reports):
   when the first worker has collected and declared its tests;
 - ``hud-server-ready`` (not run by default): ``hud-server`` with ``--hud-tick=ready``; ``auto`` ticks
   in lanes with a policy server and env processes (see the tick modes in docs/options.md);
+- ``hud-before`` (with ``--before REF``): ``hud`` with the ``pytest_hud`` package of git ref ``REF``;
 - ``hud-server-before`` (with ``--before REF``): ``hud-server`` with the ``pytest_hud`` package of git
   ref ``REF``, run in a tree of its own (``git_ref.tree_with_package``): the code before a change,
   side by side with the checkout's;
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["lerobot-eval", "lerobot-eval-96", "hud", "hud-novideo", "hud-1thread", "hud-server", "hud-server-sync",
                  "hud-server-async", "hud-server-processes", "hud-server-processes-lockstep",
                  "hud-server-processes-ready", "hud-server-threads", "hud-server-ready", "hud-server-named", "hud-server-before",
+                 "hud-before",
                  "hud-server-10videos", "hud-server-novideo", "hud-server-rerun", "hud-server-10videos-rerun"],
         help="What to run, in this order; repeats allowed (the ratio uses the median lerobot-eval wall time)")
     parser.add_argument("--before", default=None, metavar="REF",
@@ -241,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-plugins", action="store_true",
                         help="Let pytest load every plugin of this venv (by default only xdist and pytest-hud)")
     args = parser.parse_args(argv)
-    if ("hud-server-before" in args.setups) != (args.before is not None):
-        parser.error("--before REF and the hud-server-before setup go together")
+    if any(setup.endswith("-before") for setup in args.setups) != (args.before is not None):
+        parser.error("--before REF and the hud-before or hud-server-before setup go together")
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", SDL_VIDEODRIVER="dummy",
                PYGAME_HIDE_SUPPORT_PROMPT="1")
@@ -314,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         ["--hud-policy-server", f"--hud-policy={checkpoint}"]),
             "hud-server-before": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name,
                                                          ["--hud-policy-server"], before),
+            "hud-before": lambda name: pytest_hud(args.python, checkpoint, args, scratch, env, name, [], before),
         }
         seen: dict[str, int] = {}
         for setup in args.setups:
