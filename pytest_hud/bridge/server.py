@@ -34,7 +34,7 @@ from pytest_hud.bridge.exceptions import BadAction, BadClaim, SimFailed, SlotFai
 from pytest_hud.bridge.simcalls import explain, park_step_observe
 from pytest_hud.bridge.simgate import SimGate
 from pytest_hud.bridge.slots import Slot, SlotState
-from pytest_hud.bridge.ticks import run_length
+from pytest_hud.bridge.ticks import run_length, run_steps
 from pytest_hud.bridge.wsserver import WsConnection, WsServer, serve_ws
 
 __all__ = ["BridgeServer", "Timeouts", "close_code"]
@@ -90,6 +90,7 @@ class BridgeServer:
         self._sim_gate = SimGate(on_free=self._maybe_tick if self.engine.tick_rules.lane_slots else None)
         self._lanes_busy: set[int] = set()  # lanes mode: lanes whose step is under way
         self._run_most = run_length(sim.observe())  # lanes mode: the most steps of a lane's run
+        self._lane_step_s: float | None = None  # lanes mode: a recent lane step's seconds (moving average)
         self._deadline: tuple[float, asyncio.TimerHandle] | None = None  # (due, its timer)
         self._sockets: dict[int, WsConnection] = {}  # slot index -> its agent's socket
         self._handshakes: dict[Handshake, WsConnection] = {}  # sockets that have not claimed yet
@@ -459,7 +460,7 @@ class BridgeServer:
             self._ticked_from = time.monotonic()
         sockets = self._sockets
         reading = any((conn := sockets.get(s.index)) is not None and conn.paused for s, _, _ in plan.acting)
-        plans = [plan] if reading else rules.plan_run(plan, self._run_most)
+        plans = [plan] if reading else rules.plan_run(plan, run_steps(self._run_most, self._lane_step_s))
         rules.sim_calls += 1
         self._call(self._lane_sent, plans, self.sim.lane_begin, lane,  # type: ignore[attr-defined]
                    [(p.actions, p.mask, p.unread) for p in plans])
@@ -482,7 +483,11 @@ class BridgeServer:
         before (its slots take their next queued actions first), or the error to the first."""
         self._ticked_until = time.monotonic()
         plan = plans[0]
-        self.step_s += self._ticked_until - (plan.started or self._ticked_until)
+        took = self._ticked_until - (plan.started or self._ticked_until)
+        self.step_s += took
+        if error is None and result:  # a step's time, for the length of the next runs
+            took /= len(result)
+            self._lane_step_s = took if self._lane_step_s is None else 0.8 * self._lane_step_s + 0.2 * took
         try:
             if error is not None:
                 self._deliver(plan, None, error)

@@ -47,16 +47,19 @@ import numpy as np
 from pytest_hud.bridge.faults import FaultRules
 from pytest_hud.bridge.slots import Slot, SlotState
 
-__all__ = ["DEFAULT_TICK_WINDOW", "TICK_MODES", "TickPlan", "TickRules", "resolve_tick", "run_length"]
+__all__ = ["DEFAULT_TICK_WINDOW", "TICK_MODES", "TickPlan", "TickRules", "resolve_tick", "run_length",
+           "run_steps"]
 
 #: What ``--hud-tick`` (the bridge's ``--tick``) accepts; ``auto`` resolves to one of the others.
 TICK_MODES = ("auto", "lockstep", "ready", "lanes")
 #: Ready mode's default window (seconds): long enough that agents answering one tick's frames
 #: together land in one step, short next to a policy's milliseconds (``benchmarks/stragglers.py``).
 DEFAULT_TICK_WINDOW = 0.001
-#: Lanes mode: the most steps a lane's run takes (:meth:`TickRules.plan_run`), and the most bytes of
-#: one slot's observations it holds (a run's frames are sent when it is over)
-RUN_STEPS, RUN_BYTES = 64, 4 << 20
+#: Lanes mode: the most steps a lane's run takes (:meth:`TickRules.plan_run`), the most bytes of one
+#: slot's observations it holds (a run's frames are sent when it is over), and about the longest it
+#: lasts (a reset waits for the runs under way: a slow sim's steps, whose round trip costs
+#: nothing next to them, go one at a time)
+RUN_STEPS, RUN_BYTES, RUN_SECONDS = 64, 4 << 20, 0.2
 
 
 def run_length(obs: dict[str, np.ndarray]) -> int:
@@ -69,6 +72,19 @@ def run_length(obs: dict[str, np.ndarray]) -> int:
     """
     row = sum(v[0].nbytes for v in obs.values() if len(v))
     return max(1, min(RUN_STEPS, RUN_BYTES // max(1, row)))
+
+
+def run_steps(most: int, step_s: float | None) -> int:
+    """How many steps a lane's next run takes: ``most`` (:func:`run_length`), fewer where they
+    would last longer than :data:`RUN_SECONDS` at ``step_s`` seconds a step (one while no step has
+    been timed yet).
+
+    >>> run_steps(64, None), run_steps(64, 0.002), run_steps(64, 0.012), run_steps(10, 0.5)
+    (1, 64, 16, 1)
+    """
+    if step_s is None:
+        return 1
+    return max(1, min(most, int(RUN_SECONDS / max(step_s, 1e-9))))
 
 
 def resolve_tick(requested: str, *, slot_step: bool, slot_reset: bool, batched_parallel: bool = False,

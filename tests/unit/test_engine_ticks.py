@@ -428,6 +428,15 @@ def test_a_lanes_run_is_the_steps_its_slots_have_queued_each_with_its_render_fla
     assert rules.plan_lane(engine.lanes[b.index]) is None  # b has not acted
 
 
+def test_a_run_lasts_a_fraction_of_a_second_so_a_reset_never_waits_long_for_it():
+    from pytest_hud.bridge.ticks import RUN_SECONDS, run_steps
+
+    assert run_steps(64, None) == 1  # nothing timed yet: one step
+    assert run_steps(64, 1e-5) == 64 and run_steps(10, 1e-5) == 10
+    assert run_steps(64, RUN_SECONDS / 8) == 8
+    assert run_steps(64, 0.25) == 1  # a LIBERO-like step: one at a time, as before runs
+
+
 def test_the_run_length_keeps_a_runs_frames_to_a_few_megabytes_a_slot():
     from pytest_hud.bridge.ticks import RUN_BYTES, RUN_STEPS, run_length
 
