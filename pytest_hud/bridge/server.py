@@ -458,8 +458,7 @@ class BridgeServer:
         self._lanes_busy.add(lane)
         if not self._ticked_from:
             self._ticked_from = time.monotonic()
-        sockets = self._sockets
-        reading = any((conn := sockets.get(s.index)) is not None and conn.paused for s, _, _ in plan.acting)
+        reading = any(self._reading(s) for s, _, _ in plan.acting)
         plans = [plan] if reading else rules.plan_run(plan, run_steps(self._run_most, self._lane_step_s))
         rules.sim_calls += 1
         self._call(self._lane_sent, plans, self.sim.lane_begin, lane,  # type: ignore[attr-defined]
@@ -492,22 +491,33 @@ class BridgeServer:
             if error is not None:
                 self._deliver(plan, None, error)
             else:
-                for k, step in enumerate(result):
-                    if self.engine.broken:  # (another lane's step broke it meanwhile: dropped)
-                        break
-                    if k:  # its slots take the actions it stepped; one whose episode ended or
-                        # failed meanwhile (its queue emptied) would not have stepped: left out
-                        plan, now = plans[k], time.monotonic()
-                        plan.acting = [(slot, token, action) for slot, token, action in plan.acting
-                                       if slot.token == token and slot.state is SlotState.LIVE
-                                       and slot.queued and slot.pending_action is None]
-                        for slot, _, _ in plan.acting:
-                            slot.act_from_queue(now)
-                    self._deliver(plan, (step.batch, step.observe(), step.faults), None)
+                plan = self._deliver_run(plans, result)
         finally:
             self._lanes_busy.discard(plan.lane)
             self._sim_gate.release_share()
         self._tick_again(plan)
+
+    def _deliver_run(self, plans: list[Any], steps: list[Any]) -> Any:
+        """A lane's run delivered step by step, each as if planned after the one before: its slots
+        take the actions it stepped from their queues first; one whose episode ended or failed
+        meanwhile would not have stepped and is left out. Returns the last plan delivered."""
+        plan = plans[0]
+        for k, step in enumerate(steps):
+            if self.engine.broken:  # (another lane's step broke it meanwhile: dropped)
+                break
+            if k:
+                plan, now = plans[k], time.monotonic()
+                plan.acting = [entry for entry in plan.acting if entry[0].acts_again(entry[1])]
+                for slot, _, _ in plan.acting:
+                    slot.act_from_queue(now)
+            self._deliver(plan, (step.batch, step.observe(), step.faults), None)
+        return plan
+
+    def _reading(self, slot: Slot) -> bool:
+        """Whether ``slot``'s agent reads slower than the bridge writes (its socket's buffer is over
+        its high-water mark)."""
+        conn = self._sockets.get(slot.index)
+        return conn is not None and conn.paused
 
     def _tick_again(self, plan: Any) -> None:
         """After a step: the deadlines, and the next step if due.
@@ -522,11 +532,10 @@ class BridgeServer:
             self._arm_deadline()
             self._maybe_tick()
             return
-        now, sockets = time.monotonic(), self._sockets
+        now = time.monotonic()
         for slot, token, _ in plan.acting:
-            if slot.queued and slot.token == token and slot.state is SlotState.LIVE and slot.pending_action is None:
-                conn = sockets.get(slot.index)
-                if conn is not None and conn.paused:
+            if slot.acts_again(token):
+                if self._reading(slot):
                     slot.deadline, slot.awaiting = now + rules.step_timeout, "read"
                 else:
                     slot.act_from_queue(now)
@@ -537,8 +546,7 @@ class BridgeServer:
         """The agent has read its frames: a slot held for it takes its next queued action."""
         peer: _Peer | None = conn.data
         slot = peer.slot if peer is not None else None
-        if (slot is None or slot.token != peer.token or slot.state is not SlotState.LIVE  # type: ignore[union-attr]
-                or slot.pending_action is not None or not slot.queued):
+        if slot is None or not slot.acts_again(peer.token):  # type: ignore[union-attr]
             return
         slot.act_from_queue(time.monotonic())
         self._arm_deadline()

@@ -81,6 +81,12 @@ class Slot:
         self.queued.clear()
         self.deadline, self.awaiting = None, "first action"
 
+    def acts_again(self, token: str | None) -> bool:
+        """Whether it can take its next queued action now: still ``token``'s LIVE episode, with an
+        action queued and none pending."""
+        return (bool(self.queued) and self.token == token and self.state is SlotState.LIVE
+                and self.pending_action is None)
+
     def act_from_queue(self, now: float) -> None:
         """Take the next of its queued actions as the pending one, which arrived ``now``."""
         self.pending_action, self.skip_render = self.queued.popleft()

@@ -251,13 +251,10 @@ class TickRules:
                 acting.append((s, s.token, s.pending_action))
         if not acting:
             return None
-        actions = np.empty(self._batch_shape, self.hold_action.dtype)
-        actions[...] = self.hold_action  # keeps the batch well-formed; only ``mask`` is stepped
         mask = np.zeros(len(self.slots), bool)
-        for s, _, action in acting:
-            actions[s.index] = action
-            mask[s.index] = True
-        return TickPlan(actions, [], acting, mask, lane, unread=_unread(acting, len(self.slots)))
+        mask[[s.index for s, _, _ in acting]] = True
+        return TickPlan(self._held_but(acting), [], acting, mask, lane,
+                        unread=_unread(acting, len(self.slots)))
 
     def plan_run(self, plan: TickPlan, most: int) -> list[TickPlan]:
         """Lanes mode: ``plan`` (:meth:`plan_lane`) and the steps after it that its slots have queued,
@@ -268,21 +265,20 @@ class TickRules:
         n = min(most - 1, *(len(s.queued) for s, _, _ in plan.acting))
         plans = [plan]
         for k in range(n):
-            queued = [(s, token, s.queued[k]) for s, token, _ in plan.acting]
-            actions = np.empty(self._batch_shape, self.hold_action.dtype)
-            actions[...] = self.hold_action
-            skip = []
-            for s, _, (action, skip_render) in queued:
-                actions[s.index] = action
-                if skip_render:
-                    skip.append(s.index)
-            unread = None
-            if skip:
-                unread = np.zeros(len(self.slots), bool)
-                unread[skip] = True
-            acting = [(s, token, entry[0]) for s, token, entry in queued]
-            plans.append(TickPlan(actions, [], acting, plan.mask, plan.lane, unread=unread))
+            acting = [(s, token, s.queued[k][0]) for s, token, _ in plan.acting]
+            skip = [s.index for s, _, _ in plan.acting if s.queued[k][1]]
+            plans.append(TickPlan(self._held_but(acting), [], acting, plan.mask, plan.lane,
+                                  unread=_flags(skip, len(self.slots))))
         return plans
+
+    def _held_but(self, acting: list[tuple[Slot, str | None, Any]]) -> np.ndarray:
+        """A step's ``[N, *action]`` batch: the hold action but for the acting slots' actions (the
+        holds keep it well-formed; only the plan's ``mask`` is stepped)."""
+        actions = np.empty(self._batch_shape, self.hold_action.dtype)
+        actions[...] = self.hold_action
+        for s, _, action in acting:
+            actions[s.index] = action
+        return actions
 
     def apply_batch(self, plan: TickPlan, batch: Any, obs: dict[str, np.ndarray],
                     now: float, pack: Callable[..., Any] | None = None) -> list[tuple[int, Any]]:
@@ -334,7 +330,11 @@ class TickRules:
 
 def _unread(acting: list[tuple[Slot, str | None, Any]], width: int) -> np.ndarray | None:
     """The ``[N]`` flags of the acting slots whose agents will not read the step's images, or None."""
-    skip = [s.index for s, _, _ in acting if s.skip_render]
+    return _flags([s.index for s, _, _ in acting if s.skip_render], width)
+
+
+def _flags(skip: list[int], width: int) -> np.ndarray | None:
+    """``[N]`` flags, True at the slots of ``skip`` (whose images no one reads), or None when it is empty."""
     if not skip:
         return None
     unread = np.zeros(width, bool)

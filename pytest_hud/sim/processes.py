@@ -91,15 +91,10 @@ def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str,
                 elif call == "steps":  # a lane's run of steps: one answer per step, in one message
                     conn.send(("steps", _steps(sim, args[0])))
                     continue
-                else:
+                else:  # "step" (every slot) or "step_slots" (those of the mask)
                     actions, mask, unread = args
-                    if unread is not None:  # flags for this step's renders only
-                        sim.skip_renders(unread)
-                    if call == "step":
-                        out, rows = _batch_fields(faults.call(sim.step, actions)), None
-                    else:
-                        out = _batch_fields(faults.call(sim.step_slots, actions, mask))
-                        rows = np.flatnonzero(mask).tolist()
+                    conn.send(("called", _step(sim, actions, mask if call == "step_slots" else None, unread)))
+                    continue
                 conn.send(("called", (out, _rows(sim.observe(), rows), dict(faults), sorted(faults.intact))))
             except BaseException:  # noqa: BLE001 - raised in the bridge, which marks itself broken
                 conn.send(("error", traceback.format_exc()))
@@ -107,19 +102,30 @@ def _serve(conn: Any, parent: int, build: Callable[..., VectorSim], target: str,
         conn.close()
 
 
+def _step(sim: VectorSim, actions: Any, mask: Any, unread: Any) -> tuple[Any, ...]:
+    """One step of a block (``mask`` None: every slot; ``unread``: flags for this step's renders
+    only) and its answer: the batch's fields, the stepped slots' observation rows, the slots whose
+    envs raised (block-local) and those left intact."""
+    faults = FaultLog()
+    if unread is not None:
+        sim.skip_renders(unread)
+    if mask is None:
+        out, rows = _batch_fields(faults.call(sim.step, actions)), None
+    else:
+        out, rows = _batch_fields(faults.call(sim.step_slots, actions, mask)), np.flatnonzero(mask).tolist()
+    return out, _rows(sim.observe(), rows), dict(faults), sorted(faults.intact)
+
+
 def _steps(sim: VectorSim, steps: list[tuple[Any, Any, Any]]) -> list[tuple[Any, ...]]:
     """``steps`` (a block's ``(actions, mask, unread)`` of each step) back to back, each one's
-    answer as a ``step_slots`` call's; the run stops after a step where a slot's env raised or an
-    episode ended, so that the bridge decides what follows, as it does after a single step."""
+    answer as :func:`_step`'s; the run stops after a step where a slot's env raised or an episode
+    ended, so that the bridge decides what follows, as it does after a single step."""
     answers = []
     for actions, mask, unread in steps:
-        faults = FaultLog()
-        if unread is not None:
-            sim.skip_renders(unread)
-        out = _batch_fields(faults.call(sim.step_slots, actions, mask))
-        rows = np.flatnonzero(mask).tolist()
-        answers.append((out, _rows(sim.observe(), rows), dict(faults), sorted(faults.intact)))
-        if faults or (np.asarray(out[1], bool) | np.asarray(out[2], bool))[rows].any():
+        answer = _step(sim, actions, mask, unread)
+        answers.append(answer)
+        out, faults = answer[0], answer[2]
+        if faults or (np.asarray(out[1], bool) | np.asarray(out[2], bool))[mask].any():
             break
     return answers
 
